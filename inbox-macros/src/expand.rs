@@ -1,0 +1,51 @@
+//! Writing the handler: the body moves into an async closure that
+//! `diesel_inbox::__private::run` calls inside the transaction.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{ItemFn, ReturnType, parse_quote};
+
+use crate::validate::Handler;
+
+pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
+    let Handler {
+        consumer,
+        key,
+        conn,
+        fast_path,
+        ok,
+        err,
+    } = handler;
+    let ReturnType::Type(_, result) = &function.sig.output else {
+        unreachable!("validation accepted only `-> Result<T, E>`")
+    };
+    let result = result.clone();
+    let body = &function.block;
+    let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
+    // Evaluated before the body takes the parameters, and spanned at the key so that a
+    // key without `InboxKey` is reported there.
+    let encode = quote_spanned!(key.span()=> ::diesel_inbox::__private::encode_key(&(#key)));
+    let fast_path = if fast_path {
+        quote!(::diesel_inbox::__private::FastPath::Enabled)
+    } else {
+        quote!(::diesel_inbox::__private::FastPath::Disabled)
+    };
+    // The closure's parameter reuses the connection's name, so the body can only reach
+    // the transaction's connection.
+    function.block = parse_quote!({
+        let #message_id = #encode;
+        ::diesel_inbox::__private::run(
+            #conn,
+            #consumer,
+            #message_id,
+            #fast_path,
+            async move |#conn| -> #result #body,
+        )
+        .await
+    });
+    function.sig.output = parse_quote!(
+        -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>
+    );
+    quote!(#function)
+}

@@ -1,0 +1,303 @@
+//! Checking the arguments and the handler, collecting every mistake before reporting.
+
+use syn::spanned::Spanned;
+use syn::{
+    Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, PathArguments,
+    ReturnType, Type,
+};
+
+use crate::args::{ARGUMENTS, Arguments};
+
+/// Longest consumer name, in bytes: the width of the inbox's `consumer` column.
+const CONSUMER_MAX_BYTES: usize = 200;
+
+/// A handler that passed every check: what expansion needs.
+pub(crate) struct Handler {
+    pub(crate) consumer: LitStr,
+    pub(crate) key: Expr,
+    pub(crate) conn: Ident,
+    pub(crate) fast_path: bool,
+    /// `T` and `E` of the handler's `Result<T, E>`.
+    pub(crate) ok: Type,
+    pub(crate) err: Type,
+}
+
+/// Collects errors so that one build reports all of them.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+}
+
+pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, syn::Error> {
+    let mut errors = Errors::default();
+    let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
+    for argument in args.list {
+        let name = argument.name.to_string();
+        match ARGUMENTS.iter().position(|known| *known == name) {
+            Some(slot) if given[slot].is_some() => {
+                errors.spanned(&argument.name, format!("duplicate argument `{name}`"));
+            }
+            Some(slot) => given[slot] = Some(argument.value),
+            None => errors.spanned(&argument.name, unknown_argument(&name)),
+        }
+    }
+    let [consumer, key, conn, fast_path] = given;
+
+    let consumer = match consumer {
+        Some(value) => consumer_name(&value, &mut errors),
+        None => {
+            errors.push(syn::Error::new(
+                args.span,
+                "missing `consumer = \"…\"`: name the consumer this handler is, unique in the crate",
+            ));
+            None
+        }
+    };
+    if key.is_none() {
+        errors.push(syn::Error::new(
+            args.span,
+            "missing `key = …`: the expression that identifies the message, such as `msg.id`",
+        ));
+    }
+    let conn = conn.and_then(|value| match value {
+        Expr::Path(path) if path.path.get_ident().is_some() => path.path.get_ident().cloned(),
+        other => {
+            errors.spanned(other, "`conn` takes the name of the connection parameter");
+            None
+        }
+    });
+    let fast_path = match fast_path {
+        None => true,
+        Some(Expr::Lit(ExprLit {
+            lit: Lit::Bool(flag),
+            ..
+        })) => flag.value,
+        Some(other) => {
+            errors.spanned(other, "`fast_path` takes `true` or `false`");
+            true
+        }
+    };
+
+    let signature = &function.sig;
+    if signature.asyncness.is_none() {
+        errors.spanned(
+            signature.fn_token,
+            "`#[idempotent]` handlers must be `async fn`",
+        );
+    }
+    if let Some(constness) = signature.constness {
+        errors.spanned(constness, "`#[idempotent]` handlers cannot be `const`");
+    }
+    if let Some(unsafety) = signature.unsafety {
+        errors.spanned(unsafety, "`#[idempotent]` handlers cannot be `unsafe`");
+    }
+    if let Some(abi) = &signature.abi {
+        errors.spanned(abi, "`#[idempotent]` handlers cannot be `extern`");
+    }
+    if let Some(variadic) = &signature.variadic {
+        errors.spanned(variadic, "`#[idempotent]` handlers cannot be variadic");
+    }
+    let result = result_types(&signature.output, &mut errors);
+    let conn = connection_parameter(conn, function, &mut errors);
+
+    match (errors.0, consumer, key, conn, result) {
+        (None, Some(consumer), Some(key), Some(conn), Some((ok, err))) => Ok(Handler {
+            consumer,
+            key,
+            conn,
+            fast_path,
+            ok,
+            err,
+        }),
+        (Some(error), ..) => Err(error),
+        _ => unreachable!("every missing piece records an error"),
+    }
+}
+
+/// The consumer must be a string literal that fits the column and the documented
+/// character set: ASCII letters, digits and `_ - . : /`.
+fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Str(lit), ..
+    }) = value
+    else {
+        errors.spanned(
+            value,
+            "`consumer` must be a string literal, such as `consumer = \"credit\"`",
+        );
+        return None;
+    };
+    let name = lit.value();
+    if name.is_empty() {
+        errors.spanned(lit, "the consumer name must not be empty");
+    } else if name.len() > CONSUMER_MAX_BYTES {
+        errors.spanned(
+            lit,
+            format!(
+                "the consumer name is {} bytes; the inbox's `consumer` column holds at most {CONSUMER_MAX_BYTES}",
+                name.len()
+            ),
+        );
+    } else if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_-.:/".contains(*c)))
+    {
+        errors.spanned(
+            lit,
+            format!(
+                "the consumer name contains {bad:?}; use ASCII letters, digits and `_ - . : /`"
+            ),
+        );
+    } else {
+        return Some(lit.clone());
+    }
+    None
+}
+
+fn unknown_argument(name: &str) -> String {
+    let valid = ARGUMENTS.map(|a| format!("`{a}`")).join(", ");
+    match ARGUMENTS
+        .iter()
+        .min_by_key(|candidate| edit_distance(name, candidate))
+        .filter(|candidate| edit_distance(name, candidate) <= candidate.len() / 2)
+    {
+        Some(closest) => format!(
+            "unknown argument `{name}`; did you mean `{closest}`? (expected one of {valid})"
+        ),
+        None => format!("unknown argument `{name}`; expected one of {valid}"),
+    }
+}
+
+/// Levenshtein distance, for "did you mean" suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// `T` and `E` from a `-> Result<T, E>` return type.
+fn result_types(output: &ReturnType, errors: &mut Errors) -> Option<(Type, Type)> {
+    let message =
+        "`#[idempotent]` handlers return `Result<T, E>` with `E: From<diesel::result::Error>`";
+    let ReturnType::Type(_, ty) = output else {
+        errors.push(syn::Error::new(output.span(), message));
+        return None;
+    };
+    let found = match ty.as_ref() {
+        Type::Path(path) if path.qself.is_none() => path.path.segments.last().and_then(|last| {
+            let PathArguments::AngleBracketed(generics) = &last.arguments else {
+                return None;
+            };
+            let mut types = generics.args.iter().filter_map(|arg| match arg {
+                GenericArgument::Type(ty) => Some(ty.clone()),
+                _ => None,
+            });
+            match (
+                last.ident == "Result",
+                types.next(),
+                types.next(),
+                types.next(),
+            ) {
+                (true, Some(ok), Some(err), None) => Some((ok, err)),
+                _ => None,
+            }
+        }),
+        _ => None,
+    };
+    if found.is_none() {
+        errors.spanned(ty, message);
+    }
+    found
+}
+
+/// The parameter named by `conn = …`, else the one named `conn`, else the only `&mut`
+/// parameter.
+fn connection_parameter(
+    named: Option<Ident>,
+    function: &ItemFn,
+    errors: &mut Errors,
+) -> Option<Ident> {
+    let typed = || {
+        function.sig.inputs.iter().filter_map(|input| match input {
+            FnArg::Typed(typed) => match typed.pat.as_ref() {
+                Pat::Ident(pat) => Some((&pat.ident, typed.ty.as_ref())),
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        })
+    };
+    if let Some(named) = named {
+        if typed().any(|(ident, _)| *ident == named) {
+            return Some(named);
+        }
+        errors.spanned(
+            &named,
+            format!("`{named}` is not a parameter of this handler"),
+        );
+        return None;
+    }
+    if let Some((ident, _)) = typed().find(|(ident, _)| *ident == "conn") {
+        return Some(ident.clone());
+    }
+    let mutable: Vec<&Ident> = typed()
+        .filter(
+            |(_, ty)| matches!(ty, Type::Reference(reference) if reference.mutability.is_some()),
+        )
+        .map(|(ident, _)| ident)
+        .collect();
+    match mutable.as_slice() {
+        [only] => Some((*only).clone()),
+        [] => {
+            errors.spanned(
+                &function.sig.inputs,
+                "no connection parameter: name it `conn`, or pass `conn = <parameter>`",
+            );
+            None
+        }
+        several => {
+            let names = several
+                .iter()
+                .map(|i| format!("`{i}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            errors.spanned(
+                &function.sig.inputs,
+                format!("several `&mut` parameters ({names}) could be the connection; pick one with `conn = <parameter>`"),
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::edit_distance;
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("consumer", "consumer"), 0);
+        assert_eq!(edit_distance("consumr", "consumer"), 1);
+        assert_eq!(edit_distance("kye", "key"), 2);
+        assert_eq!(edit_distance("", "conn"), 4);
+    }
+}

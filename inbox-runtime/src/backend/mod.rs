@@ -1,0 +1,73 @@
+//! What each database needs done differently.
+//!
+//! The transaction in [`run`](crate::run) is the same everywhere; only the marker insert
+//! (how a duplicate shows itself), error recognition and schema creation differ, and each
+//! backend module holds its own.
+
+pub(crate) mod mysql;
+pub(crate) mod pg;
+pub(crate) mod sqlite;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod queries;
+
+/// A database backend that `#[idempotent]` handlers can run on.
+///
+/// Implemented for `Pg`, `Mysql` and `Sqlite` when the matching cargo feature is on. A
+/// handler generic over its connection `C` needs the bound
+/// `C::Backend: diesel_inbox::InboxBackend`.
+#[diagnostic::on_unimplemented(
+    message = "diesel-inbox does not support the backend `{Self}`",
+    note = "enable the matching feature of diesel-inbox (`postgres`, `mysql` or `sqlite`), \
+            or add the bound `C::Backend: diesel_inbox::InboxBackend` to a generic handler"
+)]
+pub trait InboxBackend: diesel::backend::Backend + sealed::Backend {}
+
+impl<DB: diesel::backend::Backend + sealed::Backend> InboxBackend for DB {}
+
+pub(crate) mod sealed {
+    use std::future::Future;
+
+    use diesel::QueryResult;
+    use diesel_async::AsyncConnection;
+
+    /// The (message, consumer) pair a call is about.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Marker<'a> {
+        pub message_id: &'a str,
+        pub consumer: &'a str,
+    }
+
+    pub trait Backend: diesel::backend::Backend + Sized {
+        /// Whether the marker row is already committed.
+        fn already_processed<'q, C>(
+            conn: &'q mut C,
+            marker: Marker<'q>,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// Inserts the marker row; `Ok(false)` when the row was already there (committed
+        /// by another transaction, which this call waited for).
+        fn insert_marker<'q, C>(
+            conn: &'q mut C,
+            marker: Marker<'q>,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// Stamps `processed_at`; returns how many rows matched (1 unless the
+        /// transaction was rolled back underneath the handler).
+        fn mark_processed<'q, C>(
+            conn: &'q mut C,
+            marker: Marker<'q>,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// Creates the inbox table and its unique index where they are missing.
+        fn migrate<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
+        where
+            C: AsyncConnection<Backend = Self>;
+    }
+}

@@ -1,0 +1,76 @@
+//! SQLite.
+//!
+//! `INSERT … ON CONFLICT DO NOTHING` is the first statement of the transaction, so a
+//! second writer waits in the busy handler instead of failing at once with
+//! `SQLITE_BUSY` (SQLite skips the busy handler for a transaction that has already read).
+//! Connections need `PRAGMA busy_timeout`; `journal_mode = WAL` lets the fast-path read
+//! run while another connection writes.
+
+use diesel::result::DatabaseErrorInformation;
+
+/// SQLite names the columns of the violated index, in index order.
+pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
+    info.message() == "UNIQUE constraint failed: inbox.message_id, inbox.consumer"
+}
+
+/// `SQLITE_BUSY` and `SQLITE_LOCKED`, which diesel reports as `Unknown`.
+pub(crate) fn is_transient(message: &str) -> bool {
+    message == "database is locked" || message.starts_with("database table is locked")
+}
+
+#[cfg(feature = "sqlite")]
+mod imp {
+    use std::future::Future;
+
+    use diesel::QueryResult;
+    use diesel_async::{AsyncConnection, RunQueryDsl};
+
+    use super::super::queries::{plain_insert, shared};
+    use super::super::sealed::{self, Marker};
+    use crate::schema::inbox;
+
+    impl sealed::Backend for diesel::sqlite::Sqlite {
+        fn already_processed<'q, C>(
+            conn: &'q mut C,
+            marker: Marker<'q>,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            shared::already_processed(conn, marker)
+        }
+
+        async fn insert_marker<'q, C>(conn: &'q mut C, marker: Marker<'q>) -> QueryResult<bool>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let inserted = plain_insert(marker.message_id, marker.consumer)
+                .on_conflict((inbox::message_id, inbox::consumer))
+                .do_nothing()
+                .execute(conn)
+                .await?;
+            Ok(inserted == 1)
+        }
+
+        fn mark_processed<'q, C>(
+            conn: &'q mut C,
+            marker: Marker<'q>,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            shared::mark_processed(conn, marker)
+        }
+
+        async fn migrate<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // Both statements are `IF NOT EXISTS`, and SQLite serialises writers.
+            conn.batch_execute(include_str!(
+                "../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
+            ))
+            .await
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Turning a message's key into the stored `message_id`.
+
+use std::fmt::{self, Write as _};
+
+use crate::schema::MESSAGE_ID_MAX_BYTES;
+
+/// A value that identifies a message, stored as the inbox's `message_id`.
+///
+/// The encoding is injective for each implementing type: two different values never
+/// produce the same text. Strings, UUIDs and integers are stored as their plain text so
+/// the table stays readable; tuple components are length-prefixed (`("a:b", "c")` is
+/// `3:a:b1:c`, `("a", "b:c")` is `1:a3:b:c`) so no separator inside a component can make
+/// two tuples collide.
+///
+/// Implement it for your own id types by delegating to one of these, keeping the
+/// encoding injective.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an inbox key",
+    label = "this key's type does not implement `diesel_inbox::InboxKey`",
+    note = "use a `String`, `&str`, `uuid::Uuid`, an integer, a reference to one of these, \
+            or a tuple of up to 3 of them, or implement `diesel_inbox::InboxKey` for your type"
+)]
+pub trait InboxKey {
+    /// Appends this key's text to `out`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey::Empty`] for an empty text component.
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey>;
+}
+
+/// Why a key cannot be stored.
+///
+/// Reaches the handler's caller wrapped in
+/// [`diesel::result::Error::SerializationError`]; nothing has been written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidKey {
+    /// The key, or a text component of it, is empty.
+    Empty,
+    /// The encoded key is longer than the `message_id` column.
+    TooLong {
+        /// Length of the encoded key, in bytes.
+        len: usize,
+    },
+}
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str(
+                "inbox key is empty: every message without an id would count as a \
+                 duplicate of the first one",
+            ),
+            Self::TooLong { len } => write!(
+                f,
+                "inbox key is {len} bytes, longer than the {MESSAGE_ID_MAX_BYTES}-byte \
+                 message_id column; it is rejected because truncating it could make \
+                 distinct messages look like duplicates"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidKey {}
+
+impl From<InvalidKey> for diesel::result::Error {
+    fn from(invalid: InvalidKey) -> Self {
+        Self::SerializationError(Box::new(invalid))
+    }
+}
+
+/// Encodes `key` into the text stored as `message_id`, checking that it fits.
+pub fn encode_key<K: InboxKey + ?Sized>(key: &K) -> Result<String, InvalidKey> {
+    let mut encoded = String::new();
+    key.write_key(&mut encoded)?;
+    match encoded.len() {
+        0 => Err(InvalidKey::Empty),
+        len if len > MESSAGE_ID_MAX_BYTES => Err(InvalidKey::TooLong { len }),
+        _ => Ok(encoded),
+    }
+}
+
+impl InboxKey for str {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        if self.is_empty() {
+            return Err(InvalidKey::Empty);
+        }
+        out.push_str(self);
+        Ok(())
+    }
+}
+
+impl InboxKey for String {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        self.as_str().write_key(out)
+    }
+}
+
+impl InboxKey for uuid::Uuid {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        out.push_str(
+            self.hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        );
+        Ok(())
+    }
+}
+
+impl<K: InboxKey + ?Sized> InboxKey for &K {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        (**self).write_key(out)
+    }
+}
+
+macro_rules! integer_keys {
+    ($($int:ty),*) => {$(
+        impl InboxKey for $int {
+            fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+                write!(out, "{self}").expect("writing to a String cannot fail");
+                Ok(())
+            }
+        }
+    )*};
+}
+
+integer_keys!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
+
+/// Appends `component` as `<byte length>:<text>`.
+fn write_component<K: InboxKey + ?Sized>(
+    component: &K,
+    out: &mut String,
+) -> Result<(), InvalidKey> {
+    let start = out.len();
+    component.write_key(out)?;
+    let prefix = format!("{}:", out.len() - start);
+    out.insert_str(start, &prefix);
+    Ok(())
+}
+
+macro_rules! tuple_keys {
+    ($(($($part:ident),+)),*) => {$(
+        impl<$($part: InboxKey),+> InboxKey for ($($part,)+) {
+            #[allow(non_snake_case)]
+            fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+                let ($($part,)+) = self;
+                $(write_component($part, out)?;)+
+                Ok(())
+            }
+        }
+    )*};
+}
+
+tuple_keys!((A), (A, B), (A, B, C));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars_are_stored_as_plain_text() {
+        assert_eq!(encode_key("m-1").unwrap(), "m-1");
+        assert_eq!(encode_key(&String::from("m-1")).unwrap(), "m-1");
+        assert_eq!(encode_key(&-42_i64).unwrap(), "-42");
+        assert_eq!(encode_key(&u128::MAX).unwrap(), u128::MAX.to_string());
+        let id = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        assert_eq!(
+            encode_key(&id).unwrap(),
+            "01234567-89ab-cdef-0123-456789abcdef"
+        );
+        assert_eq!(encode_key(&&&id).unwrap(), encode_key(&id).unwrap());
+    }
+
+    #[test]
+    fn separators_inside_tuple_components_cannot_collide() {
+        let left = encode_key(&("a:b", "c")).unwrap();
+        let right = encode_key(&("a", "b:c")).unwrap();
+        assert_eq!(left, "3:a:b1:c");
+        assert_eq!(right, "1:a3:b:c");
+        assert_ne!(
+            encode_key(&("1:a", "b")).unwrap(),
+            encode_key(&("1", "a1:b")).unwrap()
+        );
+    }
+
+    #[test]
+    fn kafka_coordinates_encode_every_component() {
+        let key = (String::from("orders"), 3_i32, 42_i64);
+        assert_eq!(encode_key(&key).unwrap(), "6:orders1:32:42");
+        assert_eq!(encode_key(&(7_u32,)).unwrap(), "1:7");
+    }
+
+    #[test]
+    fn lengths_count_bytes_not_chars() {
+        assert_eq!(encode_key(&("é", 1)).unwrap(), "2:é1:1");
+    }
+
+    #[test]
+    fn empty_keys_and_components_are_rejected() {
+        assert_eq!(encode_key(""), Err(InvalidKey::Empty));
+        assert_eq!(encode_key(&String::new()), Err(InvalidKey::Empty));
+        assert_eq!(encode_key(&("topic", "")), Err(InvalidKey::Empty));
+    }
+
+    #[test]
+    fn overlong_keys_are_rejected_not_truncated() {
+        let longest = "x".repeat(MESSAGE_ID_MAX_BYTES);
+        assert_eq!(encode_key(longest.as_str()).unwrap(), longest);
+        let over = "x".repeat(MESSAGE_ID_MAX_BYTES + 1);
+        assert_eq!(
+            encode_key(over.as_str()),
+            Err(InvalidKey::TooLong {
+                len: MESSAGE_ID_MAX_BYTES + 1
+            })
+        );
+        let err = diesel::result::Error::from(InvalidKey::TooLong { len: 600 });
+        assert!(err.to_string().contains("rejected"), "{err}");
+    }
+
+    /// Exhaustive over short strings on a two-letter alphabet with the separator:
+    /// no two distinct pairs share an encoding.
+    #[test]
+    fn pair_encoding_is_injective_on_small_alphabet() {
+        let alphabet = ['a', ':', '1'];
+        let mut words = vec![String::new()];
+        for len in 1..=3 {
+            let mut next = Vec::new();
+            for word in words.iter().filter(|w| w.chars().count() == len - 1) {
+                for c in alphabet {
+                    next.push(format!("{word}{c}"));
+                }
+            }
+            words.extend(next);
+        }
+        words.retain(|w| !w.is_empty());
+        let mut seen = std::collections::HashMap::new();
+        for a in &words {
+            for b in &words {
+                let encoded = encode_key(&(a.as_str(), b.as_str())).unwrap();
+                if let Some(previous) = seen.insert(encoded.clone(), (a.clone(), b.clone())) {
+                    panic!("{previous:?} and {:?} both encode to {encoded}", (a, b));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Runtime support for [diesel-inbox](https://docs.rs/diesel-inbox): the inbox schema,
+//! key encoding, error classification and the exactly-once transaction that
+//! `#[idempotent]` handlers run.
+//!
+//! Depend on `diesel-inbox`, which re-exports everything here that users need.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+mod backend;
+mod classify;
+mod key;
+mod migrate;
+mod outcome;
+pub mod schema;
+mod transaction;
+
+pub use backend::InboxBackend;
+pub use classify::{ErrorClass, classify};
+pub use key::{InboxKey, InvalidKey, encode_key};
+pub use migrate::migrate;
+pub use outcome::Outcome;
+pub use transaction::{Body, FastPath, run};

@@ -1,0 +1,38 @@
+//! The inbox table.
+//!
+//! Each row records that one consumer has processed one message. The unique index
+//! [`INDEX_NAME`] on (`message_id`, `consumer`) is what makes processing exactly-once:
+//! the database, not a read-then-write check, decides which delivery wins.
+//!
+//! The SQL for each backend ships as diesel-CLI migration folders under `migrations/`
+//! in this crate's repository, and [`migrate`](crate::migrate) runs the same SQL.
+//! Timestamps are UTC; PostgreSQL stores them as `timestamptz`, which reads back through
+//! the `Timestamp` SQL type as UTC.
+
+/// Name of the unique index on (`message_id`, `consumer`).
+///
+/// [`classify`](crate::classify) recognises a duplicate by this name, so it must not be
+/// changed in your migrations.
+pub const INDEX_NAME: &str = "ux_inbox_message_consumer";
+
+/// Longest stored `message_id`, in bytes. Longer keys are rejected, never truncated.
+pub const MESSAGE_ID_MAX_BYTES: usize = 512;
+
+/// Longest consumer name, in bytes.
+pub const CONSUMER_MAX_BYTES: usize = 200;
+
+diesel::table! {
+    /// One row per (message, consumer) that has been processed.
+    inbox (id) {
+        /// Surrogate key, assigned in insertion order.
+        id -> BigInt,
+        /// The encoded [`InboxKey`](crate::InboxKey) of the message.
+        message_id -> Text,
+        /// The consumer (handler) that processed the message.
+        consumer -> Text,
+        /// When the marker was inserted, at the start of the handler's transaction.
+        received_at -> Timestamp,
+        /// When the handler's body finished, just before its transaction committed.
+        processed_at -> Nullable<Timestamp>,
+    }
+}

@@ -1,0 +1,129 @@
+//! The exactly-once transaction that every `#[idempotent]` handler runs.
+
+use std::future::Future;
+
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel_async::AsyncConnection;
+use diesel_async::TransactionManager;
+
+use crate::backend::InboxBackend;
+use crate::backend::sealed::{Backend as _, Marker};
+use crate::key::InvalidKey;
+use crate::outcome::Outcome;
+
+/// An async closure over the transaction's connection whose future can be named, so
+/// that it can be required to be `Send`. (`AsyncFnOnce::CallOnceFuture` is unstable;
+/// diesel-async bounds its own `transaction` the same way.)
+pub trait Body<C, R>: AsyncFnOnce(C) -> R + FnOnce(C) -> <Self as Body<C, R>>::Fut {
+    /// The future the closure returns.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, C, Fut, R> Body<C, R> for F
+where
+    F: AsyncFnOnce(C) -> R + FnOnce(C) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// Whether to look for a committed marker before opening a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastPath {
+    /// One indexed read first: a redelivery costs a read instead of a transaction.
+    Enabled,
+    /// Go straight to the transaction: saves a round trip when duplicates are rare.
+    Disabled,
+}
+
+/// Why the transaction closure ended without committing.
+enum Abort<E> {
+    Duplicate,
+    Handler(E),
+}
+
+impl<E: From<Error>> From<Error> for Abort<E> {
+    fn from(error: Error) -> Self {
+        Self::Handler(E::from(error))
+    }
+}
+
+/// Runs `body` exactly once per (`message_id`, `consumer`), in one transaction with the
+/// marker row. This is what `#[idempotent]` expands to.
+///
+/// 1. Refuses a connection that is already inside a transaction or whose transaction
+///    state is unknown: committing there would not be a real commit, so
+///    [`Outcome::Processed`] would be a lie.
+/// 2. With [`FastPath::Enabled`], a committed marker returns [`Outcome::Duplicate`]
+///    without a transaction.
+/// 3. In one transaction: inserts the marker (waiting for any transaction that holds the
+///    same key), runs `body` on the transaction's connection, stamps `processed_at`,
+///    commits. A marker already there rolls back and returns [`Outcome::Duplicate`];
+///    `Err` from `body` rolls back everything and is returned.
+pub async fn run<C, T, E, F>(
+    conn: &mut C,
+    consumer: &'static str,
+    message_id: Result<String, InvalidKey>,
+    fast_path: FastPath,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> Body<&'r mut C, Result<T, E>, Fut: Send> + Send,
+    T: Send,
+    E: From<Error> + Send,
+{
+    let message_id = message_id.map_err(|invalid| E::from(invalid.into()))?;
+    ensure_outside_transaction(conn).map_err(E::from)?;
+    let marker = Marker {
+        message_id: &message_id,
+        consumer,
+    };
+    if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, marker).await? {
+        return Ok(Outcome::Duplicate);
+    }
+    let committed = conn
+        .transaction(async move |conn| {
+            if !C::Backend::insert_marker(conn, marker).await? {
+                return Err(Abort::Duplicate);
+            }
+            let value = body(conn).await.map_err(Abort::Handler)?;
+            if C::Backend::mark_processed(conn, marker).await? != 1 {
+                return Err(Abort::from(rolled_back_underneath()));
+            }
+            Ok(value)
+        })
+        .await;
+    match committed {
+        Ok(value) => Ok(Outcome::Processed(value)),
+        Err(Abort::Duplicate) => Ok(Outcome::Duplicate),
+        Err(Abort::Handler(error)) => Err(error),
+    }
+}
+
+fn ensure_outside_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if status.transaction_depth()?.is_some() {
+        return Err(Error::AlreadyInTransaction);
+    }
+    // Set when a future was dropped while BEGIN, COMMIT or ROLLBACK was in flight.
+    if C::TransactionManager::is_broken_transaction_manager(conn) {
+        return Err(Error::BrokenTransactionManager);
+    }
+    Ok(())
+}
+
+/// The marker vanished before commit: the database rolled the transaction back (a
+/// MySQL deadlock does this) and the handler carried on past the error. Committing now
+/// would commit nothing, or only what ran after the rollback.
+fn rolled_back_underneath() -> Error {
+    Error::DatabaseError(
+        DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(
+            "the handler's transaction was rolled back by the database before it could \
+             commit (an error inside the handler was not propagated); nothing of it was \
+             committed, so the message must be redelivered",
+        )),
+    )
+}

@@ -1,0 +1,71 @@
+//! Exactly-once effects for at-least-once message delivery, on diesel-async.
+//!
+//! Brokers redeliver: a lost ack, an expired lock, a consumer killed between its commit
+//! and its ack. With several consumer instances the second copy often arrives while the
+//! first is still running, so `if already_seen { return }` lets both through.
+//! diesel-inbox lets the database decide instead. Each handler's business change commits
+//! in one transaction with a marker row in the `inbox` table, whose unique index on
+//! (`message_id`, `consumer`) admits exactly one of any number of concurrent deliveries.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")] mod example {
+//! use diesel::prelude::*;
+//! use diesel_async::{AsyncPgConnection, RunQueryDsl};
+//! use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
+//!
+//! diesel::table! { accounts (id) { id -> BigInt, balance -> BigInt } }
+//!
+//! pub struct CreditRequested { pub message_id: uuid::Uuid, pub account_id: i64, pub amount: i64 }
+//!
+//! #[idempotent(consumer = "credit", key = msg.message_id)]
+//! async fn credit(
+//!     conn: &mut AsyncPgConnection,
+//!     msg: &CreditRequested,
+//! ) -> Result<(), diesel::result::Error> {
+//!     diesel::update(accounts::table.find(msg.account_id))
+//!         .set(accounts::balance.eq(accounts::balance + msg.amount))
+//!         .execute(conn)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! async fn on_delivery(conn: &mut AsyncPgConnection, msg: &CreditRequested) -> bool {
+//!     match credit(conn, msg).await {
+//!         Ok(Outcome::Processed(())) | Ok(Outcome::Duplicate) => true, // ack
+//!         Err(error) => match classify(&error) {
+//!             ErrorClass::Transient => false,                // nack, redeliver
+//!             ErrorClass::Permanent | ErrorClass::InboxDuplicate => false, // dead-letter
+//!         },
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - [`Outcome::Processed`] means the handler's writes and its marker committed together.
+//! - [`Outcome::Duplicate`] means an earlier delivery committed; the handler did not run.
+//! - `Err` means nothing of this call was committed.
+//!
+//! The effect is exactly-once only for writes made through the connection the handler
+//! receives. Side effects outside the database (HTTP calls, emails, publishing) can still
+//! happen more than once; use an outbox for those.
+//!
+//! # Features
+//!
+//! `postgres`, `mysql` and `sqlite` turn on the matching diesel-async backend.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+pub use inbox_macros::idempotent;
+pub use inbox_runtime::schema;
+pub use inbox_runtime::{
+    ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome, classify, migrate,
+};
+
+/// Items the `#[idempotent]` expansion refers to. Not part of the public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inbox_runtime::{Body, FastPath, encode_key, run};
+}
