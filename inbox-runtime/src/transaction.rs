@@ -77,28 +77,42 @@ where
     let message_id = message_id.map_err(|invalid| E::from(invalid.into()))?;
     ensure_outside_transaction(conn).map_err(E::from)?;
     let marker = Marker {
-        message_id: &message_id,
+        message_id,
         consumer,
     };
-    if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, marker).await? {
+    if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, &marker).await? {
         return Ok(Outcome::Duplicate);
     }
-    let committed = conn
-        .transaction(async move |conn| {
-            if !C::Backend::insert_marker(conn, marker).await? {
-                return Err(Abort::Duplicate);
-            }
-            let value = body(conn).await.map_err(Abort::Handler)?;
-            if C::Backend::mark_processed(conn, marker).await? != 1 {
-                return Err(Abort::from(rolled_back_underneath()));
-            }
-            Ok(value)
-        })
-        .await;
-    match committed {
-        Ok(value) => Ok(Outcome::Processed(value)),
-        Err(Abort::Duplicate) => Ok(Outcome::Duplicate),
-        Err(Abort::Handler(error)) => Err(error),
+    // The transaction is driven through the transaction manager rather than
+    // `AsyncConnection::transaction`: wrapping `body` in a second closure makes rustc
+    // unable to prove the handler's future `Send` for concrete connection types
+    // (rust-lang/rust#100013), and handlers must be spawnable.
+    C::TransactionManager::begin_transaction(conn).await?;
+    let attempt = async {
+        if !C::Backend::insert_marker(conn, &marker).await? {
+            return Err(Abort::Duplicate);
+        }
+        let value = body(&mut *conn).await.map_err(Abort::Handler)?;
+        if C::Backend::mark_processed(conn, &marker).await? != 1 {
+            return Err(Abort::from(rolled_back_underneath()));
+        }
+        Ok(value)
+    }
+    .await;
+    match attempt {
+        Ok(value) => {
+            C::TransactionManager::commit_transaction(conn).await?;
+            Ok(Outcome::Processed(value))
+        }
+        Err(abort) => match (
+            C::TransactionManager::rollback_transaction(conn).await,
+            abort,
+        ) {
+            (Ok(()), Abort::Duplicate) => Ok(Outcome::Duplicate),
+            // The handler's own error explains more than a failed rollback after it.
+            (Ok(()) | Err(Error::BrokenTransactionManager), Abort::Handler(error)) => Err(error),
+            (Err(rollback), _) => Err(E::from(rollback)),
+        },
     }
 }
 

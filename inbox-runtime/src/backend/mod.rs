@@ -32,36 +32,41 @@ pub(crate) mod sealed {
     use diesel_async::AsyncConnection;
 
     /// The (message, consumer) pair a call is about.
-    #[derive(Debug, Clone, Copy)]
-    pub struct Marker<'a> {
-        pub message_id: &'a str,
-        pub consumer: &'a str,
+    ///
+    /// Statements bind copies of it rather than borrowing it: a borrow held across an
+    /// `.await` inside the transaction closure makes rustc unable to prove the handler's
+    /// future `Send` for concrete connection types (rust-lang/rust#100013), and handlers
+    /// must be spawnable.
+    #[derive(Debug)]
+    pub struct Marker {
+        pub message_id: String,
+        pub consumer: &'static str,
     }
 
     pub trait Backend: diesel::backend::Backend + Sized {
         /// Whether the marker row is already committed.
-        fn already_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;
 
         /// Inserts the marker row; `Ok(false)` when the row was already there (committed
         /// by another transaction, which this call waited for).
-        fn insert_marker<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        fn insert_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;
 
         /// Stamps `processed_at`; returns how many rows matched (1 unless the
         /// transaction was rolled back underneath the handler).
-        fn mark_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;
 

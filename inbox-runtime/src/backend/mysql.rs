@@ -51,38 +51,41 @@ mod imp {
     use crate::schema::INDEX_NAME;
 
     impl sealed::Backend for diesel::mysql::Mysql {
-        fn already_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {
             shared::already_processed(conn, marker)
         }
 
-        async fn insert_marker<'q, C>(conn: &'q mut C, marker: Marker<'q>) -> QueryResult<bool>
+        fn insert_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            match plain_insert(marker.message_id, marker.consumer)
-                .execute(conn)
-                .await
-            {
-                Ok(_) => Ok(true),
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info))
-                    if names_inbox_index(info.as_ref()) =>
-                {
-                    Ok(false)
+            let insert = plain_insert(marker.message_id.clone(), marker.consumer);
+            async move {
+                match insert.execute(conn).await {
+                    Ok(_) => Ok(true),
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info))
+                        if names_inbox_index(info.as_ref()) =>
+                    {
+                        Ok(false)
+                    }
+                    Err(other) => Err(other),
                 }
-                Err(other) => Err(other),
             }
         }
 
-        fn mark_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {

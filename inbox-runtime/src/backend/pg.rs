@@ -46,32 +46,33 @@ mod imp {
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
     impl sealed::Backend for diesel::pg::Pg {
-        fn already_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {
             shared::already_processed(conn, marker)
         }
 
-        async fn insert_marker<'q, C>(conn: &'q mut C, marker: Marker<'q>) -> QueryResult<bool>
+        fn insert_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let inserted = plain_insert(marker.message_id, marker.consumer)
+            let insert = plain_insert(marker.message_id.clone(), marker.consumer)
                 .on_conflict((inbox::message_id, inbox::consumer))
-                .do_nothing()
-                .execute(conn)
-                .await?;
-            Ok(inserted == 1)
+                .do_nothing();
+            async move { Ok(insert.execute(conn).await? == 1) }
         }
 
-        fn mark_processed<'q, C>(
-            conn: &'q mut C,
-            marker: Marker<'q>,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
         {

@@ -11,7 +11,7 @@ use super::sealed::Marker;
 use crate::schema::inbox;
 
 #[diesel::dsl::auto_type]
-pub(super) fn marker_row<'a>(message_id: &'a str, consumer: &'a str) -> _ {
+pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
     inbox::table.filter(
         inbox::message_id
             .eq(message_id)
@@ -20,13 +20,13 @@ pub(super) fn marker_row<'a>(message_id: &'a str, consumer: &'a str) -> _ {
 }
 
 #[diesel::dsl::auto_type]
-pub(super) fn marker_exists<'a>(message_id: &'a str, consumer: &'a str) -> _ {
-    let row: marker_row<'a> = marker_row(message_id, consumer);
+pub(super) fn marker_exists(message_id: String, consumer: &'static str) -> _ {
+    let row: marker_row = marker_row(message_id, consumer);
     select(exists(row))
 }
 
 #[diesel::dsl::auto_type]
-pub(super) fn plain_insert<'a>(message_id: &'a str, consumer: &'a str) -> _ {
+pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     insert_into(inbox::table).values((
         inbox::message_id.eq(message_id),
         inbox::consumer.eq(consumer),
@@ -34,8 +34,8 @@ pub(super) fn plain_insert<'a>(message_id: &'a str, consumer: &'a str) -> _ {
 }
 
 #[diesel::dsl::auto_type]
-pub(super) fn stamp_processed<'a>(message_id: &'a str, consumer: &'a str) -> _ {
-    let row: marker_row<'a> = marker_row(message_id, consumer);
+pub(super) fn stamp_processed(message_id: String, consumer: &'static str) -> _ {
+    let row: marker_row = marker_row(message_id, consumer);
     update(row).set(inbox::processed_at.eq(now.nullable()))
 }
 
@@ -44,25 +44,25 @@ pub(super) fn stamp_processed<'a>(message_id: &'a str, consumer: &'a str) -> _ {
 pub(super) mod shared {
     use super::*;
 
-    pub(in crate::backend) fn already_processed<'q, C>(
-        conn: &'q mut C,
-        marker: Marker<'q>,
-    ) -> impl Future<Output = QueryResult<bool>> + Send + 'q
+    pub(in crate::backend) fn already_processed<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
     where
         C: AsyncConnection,
-        marker_exists<'q>: LoadQuery<'q, C, bool> + Send + 'q,
+        marker_exists: LoadQuery<'static, C, bool> + Send + 'static,
     {
-        marker_exists(marker.message_id, marker.consumer).get_result(conn)
+        marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
     }
 
-    pub(in crate::backend) fn mark_processed<'q, C>(
-        conn: &'q mut C,
-        marker: Marker<'q>,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'q
+    pub(in crate::backend) fn mark_processed<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
     where
         C: AsyncConnection,
-        stamp_processed<'q>: ExecuteDsl<C> + Send + 'q,
+        stamp_processed: ExecuteDsl<C> + Send + 'static,
     {
-        stamp_processed(marker.message_id, marker.consumer).execute(conn)
+        stamp_processed(marker.message_id.clone(), marker.consumer).execute(conn)
     }
 }

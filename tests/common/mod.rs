@@ -1,0 +1,578 @@
+//! Scenarios shared by the PostgreSQL, MySQL/MariaDB and SQLite suites.
+//!
+//! Each suite provides a [`TestDb`]: a database of its own (a schema, a database or a
+//! file) so that suites running at the same time never see each other's inbox.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
+use tokio::sync::{Barrier, Notify};
+
+/// A database a test has to itself.
+pub trait TestDb: Clone + Send + Sync + 'static {
+    type Conn: AsyncConnection<Backend: InboxBackend> + 'static;
+
+    fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
+
+    /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
+    fn count(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = Result<i64, Error>> + Send;
+
+    /// Drops what the test created. A test that panicked leaves its database behind; the
+    /// next run of the same test drops it before starting.
+    fn cleanup(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Reads the URL of a server suite, or says why the suite is skipped.
+pub fn server_url(variable: &str) -> Option<String> {
+    match std::env::var(variable) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipped: {variable} is not set, so this suite has no server to run against");
+            None
+        }
+    }
+}
+
+/// One delivery of a credit message.
+#[derive(Debug, Clone)]
+pub struct Credit {
+    pub message_id: String,
+    pub account: i64,
+}
+
+impl Credit {
+    pub fn new(n: i64) -> Self {
+        Self {
+            message_id: format!("msg-{n}"),
+            account: n,
+        }
+    }
+}
+
+/// The business write: one row per message gains 1.
+async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), Error> {
+    conn.batch_execute(&format!(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+        credit.account
+    ))
+    .await
+}
+
+#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+pub async fn credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    // Real handlers do work between reading and writing; it widens every race.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    apply(conn, credit).await
+}
+
+#[idempotent(consumer = "audit", key = credit.message_id.as_str())]
+pub async fn audit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await
+}
+
+/// The check-then-insert handler most people write first, on a table without a unique
+/// index. The race test must catch it.
+pub async fn naive_credit<D: TestDb>(
+    conn: &mut D::Conn,
+    credit: &Credit,
+) -> Result<Outcome<()>, Error> {
+    let seen = D::count(
+        conn,
+        &format!(
+            "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
+            credit.message_id
+        ),
+    )
+    .await?;
+    if seen > 0 {
+        return Ok(Outcome::Duplicate);
+    }
+    conn.transaction(async |conn| {
+        conn.batch_execute(&format!(
+            "INSERT INTO naive_inbox (message_id) VALUES ('{}')",
+            credit.message_id
+        ))
+        .await?;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        apply(conn, credit).await
+    })
+    .await?;
+    Ok(Outcome::Processed(()))
+}
+
+pub async fn create_tables<D: TestDb>(db: &D, accounts: i64) {
+    let mut conn = db.connect().await;
+    diesel_inbox::migrate(&mut conn).await.expect("migrate");
+    conn.batch_execute(
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
+         CREATE TABLE naive_inbox (message_id VARCHAR(100) NOT NULL);
+         CREATE TABLE ledger (entry VARCHAR(100) NOT NULL UNIQUE);",
+    )
+    .await
+    .expect("create tables");
+    if accounts == 0 {
+        return;
+    }
+    let values: Vec<String> = (0..accounts).map(|id| format!("({id}, 0)")).collect();
+    conn.batch_execute(&format!("INSERT INTO accounts VALUES {}", values.join(",")))
+        .await
+        .expect("insert accounts");
+}
+
+/// Balances of accounts `0..n`, in order.
+pub async fn balances<D: TestDb>(db: &D, n: i64) -> Vec<i64> {
+    let mut conn = db.connect().await;
+    let mut all = Vec::new();
+    for id in 0..n {
+        all.push(
+            D::count(
+                &mut conn,
+                &format!("SELECT balance FROM accounts WHERE id = {id}"),
+            )
+            .await
+            .expect("balance"),
+        );
+    }
+    all
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    Idempotent,
+    Naive,
+}
+
+#[derive(Debug, Default)]
+pub struct RaceReport {
+    pub processed: usize,
+    pub duplicates: usize,
+    pub transient_retries: usize,
+    /// Messages whose effect was applied more or less than once.
+    pub wrong: Vec<(i64, i64)>,
+}
+
+/// Every worker, each on its own connection, receives every message, and all workers
+/// start each message together: every message is delivered `workers` times at once.
+/// Transient errors are redelivered to the same worker, as a broker would.
+pub async fn race<D: TestDb>(
+    db: Arc<D>,
+    handler: Handler,
+    workers: usize,
+    messages: i64,
+) -> RaceReport {
+    create_tables(&*db, messages).await;
+    let barrier = Arc::new(Barrier::new(workers));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let db = Arc::clone(&db);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = db.connect().await;
+            let mut report = RaceReport::default();
+            for n in 0..messages {
+                let message = Credit::new(n);
+                barrier.wait().await;
+                loop {
+                    let outcome = match handler {
+                        Handler::Idempotent => credit(&mut conn, &message).await,
+                        Handler::Naive => naive_credit::<D>(&mut conn, &message).await,
+                    };
+                    match outcome {
+                        Ok(Outcome::Processed(())) => report.processed += 1,
+                        Ok(Outcome::Duplicate) => report.duplicates += 1,
+                        Err(error) if classify(&error) == ErrorClass::Transient => {
+                            report.transient_retries += 1;
+                            continue;
+                        }
+                        Err(error) => panic!("{handler:?} handler failed on {message:?}: {error}"),
+                    }
+                    break;
+                }
+            }
+            report
+        }));
+    }
+    let mut total = RaceReport::default();
+    for task in tasks {
+        let report = task.await.expect("worker panicked");
+        total.processed += report.processed;
+        total.duplicates += report.duplicates;
+        total.transient_retries += report.transient_retries;
+    }
+    total.wrong = balances(&*db, messages)
+        .await
+        .into_iter()
+        .enumerate()
+        .filter(|(_, balance)| *balance != 1)
+        .map(|(id, balance)| (id as i64, balance))
+        .collect();
+    total
+}
+
+pub async fn races_apply_each_message_exactly_once<D: TestDb>(db: D) {
+    let (workers, messages) = (6, 60);
+    let report = race(Arc::new(db), Handler::Idempotent, workers, messages).await;
+    assert_eq!(
+        report.wrong,
+        vec![],
+        "messages applied other than once: {report:?}"
+    );
+    assert_eq!(report.processed, messages as usize, "{report:?}");
+    assert_eq!(
+        report.processed + report.duplicates,
+        workers * messages as usize,
+        "every delivery is either processed or a duplicate: {report:?}"
+    );
+}
+
+pub async fn race_catches_the_naive_handler<D: TestDb>(db: D) {
+    let report = race(Arc::new(db), Handler::Naive, 6, 30).await;
+    assert!(
+        report.wrong.iter().any(|(_, balance)| *balance > 1),
+        "the race must make the naive handler apply some message twice: {report:?}"
+    );
+}
+
+/// A handler that stops inside its body until released, then succeeds or fails.
+pub struct Gate {
+    pub entered: Notify,
+    pub release: Notify,
+    pub fail: bool,
+}
+
+impl Gate {
+    pub fn new(fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            entered: Notify::new(),
+            release: Notify::new(),
+            fail,
+        })
+    }
+}
+
+#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+pub async fn gated_credit<C>(conn: &mut C, credit: &Credit, gate: &Gate) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await?;
+    gate.entered.notify_one();
+    gate.release.notified().await;
+    if gate.fail {
+        return Err(Error::RollbackTransaction);
+    }
+    Ok(())
+}
+
+/// How long a call that must be blocked on another transaction's key is watched before
+/// concluding that it waits. Only the direction "finished too early" fails a test.
+pub const BLOCKED: Duration = Duration::from_millis(300);
+
+/// A is inside its body, marker inserted, when B arrives: B waits for A's outcome.
+pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
+    create_tables(&db, 1).await;
+    let message = Credit::new(0);
+    let gate = Gate::new(!first_commits);
+    let mut conn_a = db.connect().await;
+    let mut conn_b = db.connect().await;
+    let first = {
+        let (gate, message) = (Arc::clone(&gate), message.clone());
+        tokio::spawn(async move { gated_credit(&mut conn_a, &message, &gate).await })
+    };
+    gate.entered.notified().await;
+
+    let open_gate = Gate::new(false);
+    open_gate.release.notify_one();
+    let second = tokio::spawn({
+        let message = message.clone();
+        async move { gated_credit(&mut conn_b, &message, &open_gate).await }
+    });
+    tokio::time::sleep(BLOCKED).await;
+    assert!(
+        !second.is_finished(),
+        "B must wait while A holds the marker"
+    );
+
+    gate.release.notify_one();
+    let first = first.await.unwrap();
+    let second = second.await.unwrap().expect("B");
+    if first_commits {
+        assert_eq!(first.expect("A"), Outcome::Processed(()));
+        assert_eq!(second, Outcome::Duplicate);
+    } else {
+        assert!(
+            matches!(first, Err(Error::RollbackTransaction)),
+            "{first:?}"
+        );
+        assert_eq!(second, Outcome::Processed(()));
+    }
+    assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+pub async fn failing_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await?;
+    Err(Error::RollbackTransaction)
+}
+
+pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let message = Credit::new(0);
+    let failed = failing_credit(&mut conn, &message).await;
+    assert!(
+        matches!(failed, Err(Error::RollbackTransaction)),
+        "{failed:?}"
+    );
+    assert_eq!(
+        balances(&db, 1).await,
+        vec![0],
+        "business write rolled back"
+    );
+    assert_eq!(
+        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        0,
+        "no marker"
+    );
+
+    assert_eq!(
+        credit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        credit(&mut conn, &message).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+pub async fn consumers_are_independent<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let message = Credit::new(0);
+    assert_eq!(
+        credit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        audit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        audit(&mut conn, &message).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(balances(&db, 1).await, vec![2]);
+}
+
+#[idempotent(consumer = "ledger", key = credit.message_id.as_str())]
+pub async fn record_in_ledger<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    conn.batch_execute(&format!(
+        "INSERT INTO ledger (entry) VALUES ('account-{}')",
+        credit.account
+    ))
+    .await
+}
+
+/// A unique violation raised by the business write is an error, never a duplicate.
+pub async fn business_unique_violation_is_not_a_duplicate<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let first = Credit {
+        message_id: "m-1".into(),
+        account: 7,
+    };
+    let second = Credit {
+        message_id: "m-2".into(),
+        account: 7,
+    };
+    assert_eq!(
+        record_in_ledger(&mut conn, &first).await.unwrap(),
+        Outcome::Processed(())
+    );
+    let error = record_in_ledger(&mut conn, &second)
+        .await
+        .expect_err("ledger entry exists");
+    assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
+    assert_eq!(
+        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// A raw second insert of the same marker is recognised by its index.
+pub async fn inbox_unique_violation_is_classified<D: TestDb>(db: D) {
+    create_tables(&db, 0).await;
+    let mut conn = db.connect().await;
+    let insert = "INSERT INTO inbox (message_id, consumer) VALUES ('m-1', 'credit')";
+    conn.batch_execute(insert).await.unwrap();
+    let error = conn
+        .batch_execute(insert)
+        .await
+        .expect_err("duplicate marker");
+    assert_eq!(classify(&error), ErrorClass::InboxDuplicate, "{error}");
+}
+
+pub async fn invalid_keys_are_rejected_before_writing<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    for message_id in [String::new(), "x".repeat(513)] {
+        let message = Credit {
+            message_id,
+            account: 0,
+        };
+        let error = credit(&mut conn, &message).await.expect_err("invalid key");
+        let Error::SerializationError(cause) = &error else {
+            panic!("expected a serialization error, got {error:?}");
+        };
+        assert!(
+            cause.downcast_ref::<diesel_inbox::InvalidKey>().is_some(),
+            "{cause}"
+        );
+        assert_eq!(classify(&error), ErrorClass::Permanent);
+    }
+    let longest = Credit {
+        message_id: "x".repeat(512),
+        account: 0,
+    };
+    assert_eq!(
+        credit(&mut conn, &longest).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+/// Dropping the handler mid-body leaves its transaction open on that connection. The
+/// next call there must not report `Processed` for work that would never commit, and
+/// once the connection is gone the message is processed afresh.
+pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let message = Credit::new(0);
+    let mut conn = db.connect().await;
+    let gate = Gate::new(false);
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(50),
+        gated_credit(&mut conn, &message, &gate),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the handler was still inside its body");
+
+    let reused = credit(&mut conn, &Credit::new(0)).await;
+    let error = reused.expect_err("a connection left inside a transaction is refused");
+    assert!(
+        matches!(
+            error,
+            Error::AlreadyInTransaction | Error::BrokenTransactionManager
+        ),
+        "{error:?}"
+    );
+    assert_eq!(classify(&error), ErrorClass::Transient);
+    drop(conn);
+
+    let mut fresh = db.connect().await;
+    assert_eq!(
+        credit(&mut fresh, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
+    let db = Arc::new(db);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let db = Arc::clone(&db);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = db.connect().await;
+            diesel_inbox::migrate(&mut conn).await?;
+            diesel_inbox::migrate(&mut conn).await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().expect("concurrent migrate");
+    }
+    let mut conn = db.connect().await;
+    conn.batch_execute("INSERT INTO inbox (message_id, consumer) VALUES ('m', 'c')")
+        .await
+        .unwrap();
+    let error = conn
+        .batch_execute("INSERT INTO inbox (message_id, consumer) VALUES ('m', 'c')")
+        .await
+        .expect_err("the unique index exists");
+    assert_eq!(classify(&error), ErrorClass::InboxDuplicate);
+}
+
+/// Every scenario that holds on all three backends, as one `#[tokio::test]` each.
+#[macro_export]
+macro_rules! common_scenarios {
+    ($db:expr) => {
+        common_scenarios!(@tests $db;
+            races_apply_each_message_exactly_once,
+            race_catches_the_naive_handler,
+            failure_rolls_back_everything,
+            consumers_are_independent,
+            business_unique_violation_is_not_a_duplicate,
+            inbox_unique_violation_is_classified,
+            invalid_keys_are_rejected_before_writing,
+            cancelled_handler_never_half_commits,
+            migrate_is_idempotent_and_concurrent,
+        );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn forced_overlap_first_commits() {
+            if let Some(db) = $db(stringify!(forced_overlap_first_commits)).await {
+                common::forced_overlap(db.clone(), true).await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn forced_overlap_first_rolls_back() {
+            if let Some(db) = $db(stringify!(forced_overlap_first_rolls_back)).await {
+                common::forced_overlap(db.clone(), false).await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+    };
+    (@tests $db:expr; $($scenario:ident,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $scenario() {
+            if let Some(db) = $db(stringify!($scenario)).await {
+                common::$scenario(db.clone()).await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+    )*};
+}

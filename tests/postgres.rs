@@ -1,0 +1,264 @@
+//! The PostgreSQL suite: a schema per test on the server named by `POSTGRES_URL`.
+
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::time::Duration;
+
+use diesel::result::Error;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
+
+use common::{Credit, TestDb};
+
+#[derive(Clone)]
+struct PgDb {
+    url: String,
+    schema: String,
+}
+
+impl PgDb {
+    async fn create(test: &str) -> Option<Self> {
+        let url = common::server_url("POSTGRES_URL")?;
+        let db = Self {
+            url,
+            schema: format!("inbox_test_{test}"),
+        };
+        let mut admin = AsyncPgConnection::establish(&db.url)
+            .await
+            .expect("connect to PostgreSQL");
+        admin
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
+                db.schema
+            ))
+            .await
+            .expect("create schema");
+        Some(db)
+    }
+
+    fn search_path(&self) -> String {
+        format!("SET search_path TO {}", self.schema)
+    }
+}
+
+impl TestDb for PgDb {
+    type Conn = AsyncPgConnection;
+
+    async fn connect(&self) -> Self::Conn {
+        let mut conn = AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to PostgreSQL");
+        conn.batch_execute(&self.search_path())
+            .await
+            .expect("set search_path");
+        conn
+    }
+
+    async fn count(conn: &mut Self::Conn, sql: &str) -> Result<i64, Error> {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+            "({sql})"
+        )))
+        .get_result(conn)
+        .await
+    }
+
+    async fn cleanup(self) {
+        let mut admin = AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to PostgreSQL");
+        admin
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .await
+            .expect("drop schema");
+    }
+}
+
+common_scenarios!(PgDb::create);
+
+#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
+    conn.batch_execute(&format!(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+        credit.account
+    ))
+    .await?;
+    // The handler ignores a failed statement; PostgreSQL has aborted the transaction and
+    // would answer COMMIT with a silent ROLLBACK.
+    let _ignored = conn.batch_execute("SELECT 1 / 0").await;
+    Ok(())
+}
+
+/// `Processed` must mean committed even when the body swallows an error.
+#[tokio::test]
+async fn swallowed_error_is_not_reported_processed() {
+    let Some(db) = PgDb::create("swallowed_error").await else {
+        return;
+    };
+    common::create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let error = swallowing_credit(&mut conn, &Credit::new(0))
+        .await
+        .expect_err("not committed");
+    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    assert_eq!(
+        PgDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(common::balances(&db, 1).await, vec![0]);
+    db.cleanup().await;
+}
+
+/// The server log, where PostgreSQL writes an `ERROR` line for every unique violation.
+fn server_log() -> Option<String> {
+    let dir = std::fs::read_dir("/var/log/postgresql").ok()?;
+    let logs = dir
+        .filter_map(Result::ok)
+        .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "log"));
+    Some(
+        logs.filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+            .collect(),
+    )
+}
+
+/// A duplicate must not raise a unique violation, which would write an `ERROR` line to
+/// the server log per duplicate. A raw duplicate insert shows that the log is read.
+#[tokio::test]
+async fn duplicates_write_no_error_to_the_server_log() {
+    let Some(db) = PgDb::create("duplicates_no_error_log").await else {
+        return;
+    };
+    if server_log().is_none() {
+        eprintln!("skipped: the PostgreSQL server log is not readable under /var/log/postgresql");
+        return db.cleanup().await;
+    }
+    common::create_tables(&db, 1).await;
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let message = Credit {
+        message_id: format!("no-error-{run}"),
+        account: 0,
+    };
+    let mut conn = db.connect().await;
+    assert_eq!(
+        slow_credit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        slow_credit(&mut conn, &message).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    let control = format!("raw-duplicate-{run}");
+    let insert = format!("INSERT INTO inbox (message_id, consumer) VALUES ('{control}', 'credit')");
+    conn.batch_execute(&insert).await.unwrap();
+    conn.batch_execute(&insert)
+        .await
+        .expect_err("raw duplicate");
+    let mut log = String::new();
+    for _ in 0..50 {
+        log = server_log().unwrap_or_default();
+        if log.contains(&control) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        log.contains(&control),
+        "the raw duplicate's ERROR reached the log"
+    );
+    assert!(
+        !log.contains(&message.message_id),
+        "the handler's duplicate logged an ERROR"
+    );
+    db.cleanup().await;
+}
+
+/// Without the fast path, every duplicate reaches the marker insert.
+#[idempotent(consumer = "credit", key = credit.message_id.as_str(), fast_path = false)]
+async fn slow_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
+    conn.batch_execute(&format!(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+        credit.account
+    ))
+    .await
+}
+
+/// A real deadlock (40P01, which diesel-async reports as `Unknown`) is transient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlock_is_transient() {
+    let Some(db) = PgDb::create("deadlock").await else {
+        return;
+    };
+    common::create_tables(&db, 2).await;
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    a.batch_execute("BEGIN; UPDATE accounts SET balance = 1 WHERE id = 0")
+        .await
+        .unwrap();
+    b.batch_execute("BEGIN; UPDATE accounts SET balance = 1 WHERE id = 1")
+        .await
+        .unwrap();
+    let a_waits = tokio::spawn(async move {
+        let result = a
+            .batch_execute("UPDATE accounts SET balance = 2 WHERE id = 1")
+            .await;
+        let _ = a.batch_execute("ROLLBACK").await;
+        result
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b_result = b
+        .batch_execute("UPDATE accounts SET balance = 2 WHERE id = 0")
+        .await;
+    let _ = b.batch_execute("ROLLBACK").await;
+    let a_result = a_waits.await.unwrap();
+    let error = a_result
+        .err()
+        .or(b_result.err())
+        .expect("one side deadlocks");
+    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    db.cleanup().await;
+}
+
+/// Handlers take pooled connections as they are.
+#[tokio::test]
+async fn pooled_connections_work() {
+    let Some(db) = PgDb::create("pooled").await else {
+        return;
+    };
+    common::create_tables(&db, 2).await;
+    let url = format!("{}?options=-csearch_path%3D{}", db.url, db.schema);
+
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url.clone());
+    let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+        .build()
+        .unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    assert_eq!(
+        common::credit(&mut pooled, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+    let pool = diesel_async::pooled_connection::bb8::Pool::builder()
+        .build(manager)
+        .await
+        .unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    assert_eq!(
+        common::credit(&mut pooled, &Credit::new(1)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        common::credit(&mut pooled, &Credit::new(0)).await.unwrap(),
+        Outcome::Duplicate
+    );
+    drop(pooled);
+    assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
+    db.cleanup().await;
+}
