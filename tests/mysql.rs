@@ -20,7 +20,7 @@ struct MysqlDb {
 
 impl MysqlDb {
     async fn create(test: &str) -> Option<Self> {
-        let url = common::server_url("MYSQL_URL")?;
+        let url = common::server_url("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
         let (server, _) = url
             .rsplit_once('/')
             .expect("MYSQL_URL ends with /<database>");
@@ -99,7 +99,7 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
     let mut deadlocks = 0;
     for n in 0..attempts {
         let message = Credit::new(n);
-        let gate = Gate::new(true);
+        let gate = Gate::held(true);
         let mut first_conn = db.connect().await;
         let first = tokio::spawn({
             let (gate, message) = (gate.clone(), message.clone());

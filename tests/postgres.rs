@@ -21,7 +21,7 @@ struct PgDb {
 
 impl PgDb {
     async fn create(test: &str) -> Option<Self> {
-        let url = common::server_url("POSTGRES_URL")?;
+        let url = common::server_url("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
         let db = Self {
             url,
             schema: format!("inbox_test_{test}"),
@@ -78,7 +78,7 @@ impl TestDb for PgDb {
 
 common_scenarios!(PgDb::create);
 
-#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+#[idempotent(consumer = "swallowing", key = credit.message_id.as_str())]
 async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
     conn.batch_execute(&format!(
         "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
@@ -181,7 +181,7 @@ async fn duplicates_write_no_error_to_the_server_log() {
 }
 
 /// Without the fast path, every duplicate reaches the marker insert.
-#[idempotent(consumer = "credit", key = credit.message_id.as_str(), fast_path = false)]
+#[idempotent(consumer = "no-fast-path", key = credit.message_id.as_str(), fast_path = false)]
 async fn slow_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
     conn.batch_execute(&format!(
         "UPDATE accounts SET balance = balance + 1 WHERE id = {}",

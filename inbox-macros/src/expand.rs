@@ -4,7 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{ItemFn, ReturnType, parse_quote};
+use syn::{Ident, ItemFn, LitStr, ReturnType, parse_quote};
 
 use crate::validate::Handler;
 
@@ -31,9 +31,11 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     } else {
         quote!(::diesel_inbox::__private::FastPath::Disabled)
     };
+    let claim = consumer_claim(&consumer);
     // The closure's parameter reuses the connection's name, so the body can only reach
     // the transaction's connection.
     function.block = parse_quote!({
+        #claim
         let #message_id = #encode;
         ::diesel_inbox::__private::run(
             #conn,
@@ -48,4 +50,29 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// A crate-root macro named after the consumer. A second handler with the same consumer
+/// defines the same name again, which `cargo check` reports (E0428) at both consumer
+/// literals: shared names would make one handler's markers silently suppress the other.
+fn consumer_claim(consumer: &LitStr) -> TokenStream {
+    let mut name = String::from("__diesel_inbox_consumer_");
+    // Injective: `_` always starts a two-character escape.
+    for c in consumer.value().chars() {
+        match c {
+            '_' => name.push_str("__"),
+            '-' => name.push_str("_h"),
+            '.' => name.push_str("_d"),
+            ':' => name.push_str("_c"),
+            '/' => name.push_str("_s"),
+            c => name.push(c),
+        }
+    }
+    let name = Ident::new(&name, consumer.span());
+    quote_spanned! {consumer.span()=>
+        #[doc(hidden)]
+        #[allow(non_local_definitions)]
+        #[macro_export]
+        macro_rules! #name { () => {}; }
+    }
 }

@@ -42,6 +42,8 @@ impl Errors {
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, syn::Error> {
     let mut errors = Errors::default();
     let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
+    // An argument suggested for a misspelt one is not reported missing as well.
+    let mut suggested = Vec::new();
     for argument in args.list {
         let name = argument.name.to_string();
         match ARGUMENTS.iter().position(|known| *known == name) {
@@ -49,13 +51,18 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
                 errors.spanned(&argument.name, format!("duplicate argument `{name}`"));
             }
             Some(slot) => given[slot] = Some(argument.value),
-            None => errors.spanned(&argument.name, unknown_argument(&name)),
+            None => {
+                let closest = closest_argument(&name);
+                errors.spanned(&argument.name, unknown_argument(&name, closest));
+                suggested.extend(closest);
+            }
         }
     }
     let [consumer, key, conn, fast_path] = given;
 
     let consumer = match consumer {
         Some(value) => consumer_name(&value, &mut errors),
+        None if suggested.contains(&"consumer") => None,
         None => {
             errors.push(syn::Error::new(
                 args.span,
@@ -64,7 +71,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             None
         }
     };
-    if key.is_none() {
+    if key.is_none() && !suggested.contains(&"key") {
         errors.push(syn::Error::new(
             args.span,
             "missing `key = …`: the expression that identifies the message, such as `msg.id`",
@@ -165,13 +172,17 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
     None
 }
 
-fn unknown_argument(name: &str) -> String {
-    let valid = ARGUMENTS.map(|a| format!("`{a}`")).join(", ");
-    match ARGUMENTS
-        .iter()
+/// The valid argument a misspelt one most likely meant, if any is close.
+fn closest_argument(name: &str) -> Option<&'static str> {
+    ARGUMENTS
+        .into_iter()
         .min_by_key(|candidate| edit_distance(name, candidate))
-        .filter(|candidate| edit_distance(name, candidate) <= candidate.len() / 2)
-    {
+        .filter(|candidate| edit_distance(name, candidate) <= candidate.len().div_ceil(2))
+}
+
+fn unknown_argument(name: &str, closest: Option<&str>) -> String {
+    let valid = ARGUMENTS.map(|a| format!("`{a}`")).join(", ");
+    match closest {
         Some(closest) => format!(
             "unknown argument `{name}`; did you mean `{closest}`? (expected one of {valid})"
         ),

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,12 +28,20 @@ pub trait TestDb: Clone + Send + Sync + 'static {
     fn cleanup(self) -> impl Future<Output = ()> + Send;
 }
 
-/// Reads the URL of a server suite, or says why the suite is skipped.
-pub fn server_url(variable: &str) -> Option<String> {
+/// Reads the URL of a server suite, or says once why the suite is skipped.
+pub fn server_url(variable: &str, example: &str) -> Option<String> {
+    static SAID: std::sync::Once = std::sync::Once::new();
     match std::env::var(variable) {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            eprintln!("skipped: {variable} is not set, so this suite has no server to run against");
+            // Straight to stderr: libtest captures `eprintln!` of passing tests.
+            SAID.call_once(|| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "\nSKIPPED: every test of this suite, because {variable} is not set \
+                     (for example {variable}={example})\n"
+                );
+            });
             None
         }
     }
@@ -63,15 +72,33 @@ async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), 
     .await
 }
 
+/// The handler under test. It applies the credit, then waits at `gate` and succeeds or
+/// fails as the gate says; [`credit`] passes an open gate.
 #[idempotent(consumer = "credit", key = credit.message_id.as_str())]
-pub async fn credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+pub async fn gated_credit<C>(conn: &mut C, credit: &Credit, gate: &Gate) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
     // Real handlers do work between reading and writing; it widens every race.
     tokio::time::sleep(Duration::from_millis(1)).await;
-    apply(conn, credit).await
+    apply(conn, credit).await?;
+    if gate.hold {
+        gate.entered.notify_one();
+        gate.release.notified().await;
+    }
+    if gate.fail {
+        return Err(Error::RollbackTransaction);
+    }
+    Ok(())
+}
+
+pub async fn credit<C>(conn: &mut C, credit: &Credit) -> Result<Outcome<()>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    gated_credit(conn, credit, &Gate::new(false, false)).await
 }
 
 #[idempotent(consumer = "audit", key = credit.message_id.as_str())]
@@ -246,36 +273,27 @@ pub async fn race_catches_the_naive_handler<D: TestDb>(db: D) {
     );
 }
 
-/// A handler that stops inside its body until released, then succeeds or fails.
+/// Where a handler stops inside its body until released, and whether it then fails.
 pub struct Gate {
     pub entered: Notify,
     pub release: Notify,
+    pub hold: bool,
     pub fail: bool,
 }
 
 impl Gate {
-    pub fn new(fail: bool) -> Arc<Self> {
-        Arc::new(Self {
+    pub fn new(hold: bool, fail: bool) -> Self {
+        Self {
             entered: Notify::new(),
             release: Notify::new(),
+            hold,
             fail,
-        })
+        }
     }
-}
 
-#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
-pub async fn gated_credit<C>(conn: &mut C, credit: &Credit, gate: &Gate) -> Result<(), Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    apply(conn, credit).await?;
-    gate.entered.notify_one();
-    gate.release.notified().await;
-    if gate.fail {
-        return Err(Error::RollbackTransaction);
+    pub fn held(fail: bool) -> Arc<Self> {
+        Arc::new(Self::new(true, fail))
     }
-    Ok(())
 }
 
 /// How long a call that must be blocked on another transaction's key is watched before
@@ -286,7 +304,7 @@ pub const BLOCKED: Duration = Duration::from_millis(300);
 pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
     create_tables(&db, 1).await;
     let message = Credit::new(0);
-    let gate = Gate::new(!first_commits);
+    let gate = Gate::held(!first_commits);
     let mut conn_a = db.connect().await;
     let mut conn_b = db.connect().await;
     let first = {
@@ -295,11 +313,9 @@ pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
     };
     gate.entered.notified().await;
 
-    let open_gate = Gate::new(false);
-    open_gate.release.notify_one();
     let second = tokio::spawn({
         let message = message.clone();
-        async move { gated_credit(&mut conn_b, &message, &open_gate).await }
+        async move { credit(&mut conn_b, &message).await }
     });
     tokio::time::sleep(BLOCKED).await;
     assert!(
@@ -323,21 +339,11 @@ pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
     assert_eq!(balances(&db, 1).await, vec![1]);
 }
 
-#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
-pub async fn failing_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    apply(conn, credit).await?;
-    Err(Error::RollbackTransaction)
-}
-
 pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let mut conn = db.connect().await;
     let message = Credit::new(0);
-    let failed = failing_credit(&mut conn, &message).await;
+    let failed = gated_credit(&mut conn, &message, &Gate::new(false, true)).await;
     assert!(
         matches!(failed, Err(Error::RollbackTransaction)),
         "{failed:?}"
@@ -481,7 +487,7 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let message = Credit::new(0);
     let mut conn = db.connect().await;
-    let gate = Gate::new(false);
+    let gate = Gate::held(false);
     let cancelled = tokio::time::timeout(
         Duration::from_millis(50),
         gated_credit(&mut conn, &message, &gate),

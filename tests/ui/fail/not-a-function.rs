@@ -1,0 +1,4 @@
+#[diesel_inbox::idempotent(consumer = "c", key = id)]
+struct Handler;
+
+fn main() {}
