@@ -12,7 +12,7 @@
 //! end: the inbox table is always called `inbox`, so sharing a schema with other users
 //! would mix their markers with ours.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -86,12 +86,12 @@ async fn credit_naively<C: DemoConnection>(
         return Ok(Outcome::Duplicate);
     }
     conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+        apply_credit(conn, msg).await?;
         conn.batch_execute(&format!(
             "INSERT INTO naive_inbox (message_id, consumer) VALUES ('{}', 'credit')",
             msg.id
         ))
-        .await?;
-        apply_credit(conn, msg).await
+        .await
     })
     .await?;
     Ok(Outcome::Processed(()))
@@ -223,16 +223,16 @@ async fn consume<C: DemoConnection>(
             Err(error) => match classify(&error) {
                 ErrorClass::Transient if delivery.attempt < MAX_ATTEMPTS => {
                     tally.retries += 1;
-                    // Transient also covers a lost connection and one left inside a
-                    // transaction, so continue on a fresh connection.
-                    conn = connect(&target).await?;
                     queue.lock().await.push_back(Delivery {
                         message,
                         attempt: delivery.attempt + 1,
                     });
+                    // Transient also covers a lost connection and one left inside a
+                    // transaction, so continue on a fresh connection.
+                    conn = connect(&target).await?;
                 }
                 class => tally.dead_letters.push(format!(
-                    "{} ({class:?}, attempt {}): {error}",
+                    "a delivery of {} ({class:?} error, attempt {}): {error}",
                     message.id, delivery.attempt
                 )),
             },
@@ -247,20 +247,20 @@ struct Run {
     /// Sum of all balances: one per committed credit.
     applied: i64,
     /// One per distinct message.
-    expected: i64,
+    expected: usize,
     tally: Tally,
 }
 
 impl Run {
     fn verdict(&self) -> String {
         let repeated = self.tally.committed.values().filter(|&&n| n > 1).count();
-        let never = self.expected as usize - self.tally.committed.len();
+        let never = self.expected - self.tally.committed.len();
         let mut problems = Vec::new();
         if repeated > 0 {
-            problems.push(format!("{repeated} messages applied more than once"));
+            problems.push(format!("{} applied more than once", messages(repeated)));
         }
         if never > 0 {
-            problems.push(format!("{never} messages never applied"));
+            problems.push(format!("{} never applied", messages(never)));
         }
         let acked: u32 = self.tally.committed.values().sum();
         if i64::from(acked) != self.applied {
@@ -277,6 +277,13 @@ impl Run {
     }
 }
 
+fn messages(count: usize) -> String {
+    match count {
+        1 => "1 message".to_owned(),
+        _ => format!("{count} messages"),
+    }
+}
+
 /// Runs both handlers on fresh state over the same deliveries.
 async fn compare<C: DemoConnection>(
     target: &Arc<Target>,
@@ -284,17 +291,17 @@ async fn compare<C: DemoConnection>(
 ) -> Result<Vec<Run>, BoxError> {
     let mut admin = connect::<C>(target).await?;
     diesel_inbox::migrate(&mut admin).await?;
-    for statement in [
-        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL)",
-        // Deliberately without a unique index: that is the naive handler's mistake.
-        "CREATE TABLE naive_inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(255) NOT NULL)",
-    ] {
-        admin.batch_execute(statement).await?;
-    }
-    let expected = stream
-        .iter()
-        .map(|m| m.id)
-        .collect::<std::collections::HashSet<_>>();
+    admin
+        .batch_execute(
+            "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
+             -- Deliberately without a unique index: that is the naive handler's mistake.
+             CREATE TABLE naive_inbox (
+                 message_id VARCHAR(255) NOT NULL,
+                 consumer VARCHAR(255) NOT NULL
+             );",
+        )
+        .await?;
+    let distinct = stream.iter().map(|m| m.id).collect::<HashSet<_>>().len();
 
     let mut runs = Vec::new();
     for handler in [Handler::Naive, Handler::Idempotent] {
@@ -316,9 +323,15 @@ async fn compare<C: DemoConnection>(
             .into_iter()
             .map(|conn| tokio::spawn(consume(target.clone(), conn, queue.clone(), handler)))
             .collect::<Vec<_>>();
-        let mut tally = Tally::default();
+        // Wait for every consumer before looking at any result, so that none is still
+        // running when the tables are reset or dropped.
+        let mut results = Vec::with_capacity(tasks.len());
         for task in tasks {
-            tally.merge(task.await??);
+            results.push(task.await?);
+        }
+        let mut tally = Tally::default();
+        for result in results {
+            tally.merge(result?);
         }
         let balances = admin
             .query_i64s("SELECT balance FROM accounts".to_owned())
@@ -327,7 +340,7 @@ async fn compare<C: DemoConnection>(
             handler,
             deliveries: stream.len(),
             applied: balances.iter().sum(),
-            expected: expected.len() as i64,
+            expected: distinct,
             tally,
         });
     }
@@ -340,16 +353,11 @@ async fn reset<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
         .map(|id| format!("({id}, 0)"))
         .collect::<Vec<_>>()
         .join(", ");
-    // One statement per call: MySQL connections do not take several at once.
-    for statement in [
-        "DELETE FROM inbox".to_owned(),
-        "DELETE FROM naive_inbox".to_owned(),
-        "DELETE FROM accounts".to_owned(),
-        format!("INSERT INTO accounts (id, balance) VALUES {accounts}"),
-    ] {
-        conn.batch_execute(&statement).await?;
-    }
-    Ok(())
+    conn.batch_execute(&format!(
+        "DELETE FROM inbox; DELETE FROM naive_inbox; DELETE FROM accounts;
+         INSERT INTO accounts (id, balance) VALUES {accounts};"
+    ))
+    .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -428,10 +436,10 @@ impl Target {
                 ..
             } => {
                 let mut conn = AsyncMysqlConnection::establish(server_url).await?;
-                conn.batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
-                    .await?;
-                conn.batch_execute(&format!("CREATE DATABASE {database}"))
-                    .await?;
+                conn.batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}"
+                ))
+                .await?;
             }
         }
         Ok(())
@@ -474,11 +482,12 @@ impl Target {
 /// Opens a connection to the example's own schema or database.
 async fn connect<C: AsyncConnection>(target: &Target) -> Result<C, BoxError> {
     let (url, session) = match target {
-        // WAL lets readers run beside the writer; the busy timeout makes a second
-        // writer wait for the lock instead of failing at once with SQLITE_BUSY.
+        // The busy timeout makes a second writer wait for the lock instead of failing at
+        // once with SQLITE_BUSY (it is set first so that it covers the switch to WAL);
+        // WAL lets readers run beside the writer.
         Target::Sqlite { path } => (
             path.to_str().ok_or("temporary path is not UTF-8")?,
-            Some("PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 10000;".to_owned()),
+            Some("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;".to_owned()),
         ),
         Target::Postgres { url, schema } => {
             (url.as_str(), Some(format!("SET search_path TO {schema}")))
@@ -552,12 +561,12 @@ async fn main() -> Result<(), BoxError> {
     removed?;
 
     println!(
-        "{:<22} {:>10} {:>8} {:>8} {:>7}  verdict",
+        "{:<20} {:>10} {:>8} {:>9} {:>8}  verdict",
         "handler", "deliveries", "applied", "expected", "retries"
     );
     for run in &runs {
         println!(
-            "{:<22} {:>10} {:>8} {:>8} {:>7}  {}",
+            "{:<20} {:>10} {:>8} {:>9} {:>8}  {}",
             run.handler.label(),
             run.deliveries,
             run.applied,
@@ -568,7 +577,7 @@ async fn main() -> Result<(), BoxError> {
     }
     for run in &runs {
         for dead_letter in &run.tally.dead_letters {
-            println!("{} dead-lettered {dead_letter}", run.handler.label());
+            println!("{}: dead-lettered {dead_letter}", run.handler.label());
         }
     }
     Ok(())

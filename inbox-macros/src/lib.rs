@@ -14,9 +14,91 @@ mod validate;
 use proc_macro::TokenStream;
 use quote::ToTokens;
 
-/// Makes an `async fn` handler apply each (message, consumer) exactly once.
+/// Makes an `async fn` message handler apply each (message, consumer) exactly once.
 ///
-/// See `diesel_inbox::idempotent` for the documentation.
+/// The handler's body runs in one database transaction together with the insert of a
+/// marker row (`message_id`, `consumer`) into the inbox table. The handler, declared as
+/// returning `Result<T, E>`, then returns `Result<diesel_inbox::Outcome<T>, E>`:
+///
+/// - `Ok(Outcome::Processed(value))`: the body's writes and the marker committed;
+/// - `Ok(Outcome::Duplicate)`: this message was already processed by this consumer, and
+///   the body did not run;
+/// - `Err(e)`: nothing was committed; `diesel_inbox::classify` tells a transient error
+///   from a permanent one.
+///
+/// # Arguments
+///
+/// - `consumer = "…"` (required): the handler's name in the inbox. A string literal of
+///   ASCII letters, digits and `_ - . : /`, 1 to 200 bytes, used by no other handler of
+///   the crate.
+/// - `key = <expr>` (required): identifies the message, for example `msg.message_id` or
+///   `(msg.topic.as_str(), msg.partition, msg.offset)`. Evaluated before the body; its
+///   type implements `diesel_inbox::InboxKey`.
+/// - `conn = <parameter>`: the connection parameter. By default the parameter named
+///   `conn`, else the only `&mut` parameter.
+/// - `fast_path = <bool>` (default `true`): look for a committed marker before opening
+///   a transaction, so that a redelivery costs one indexed read.
+///
+/// # Examples
+///
+/// ```ignore
+/// #[diesel_inbox::idempotent(consumer = "credit", key = msg.message_id)]
+/// async fn credit(conn: &mut AsyncPgConnection, msg: &CreditRequested) -> Result<(), AppError> {
+///     diesel::update(accounts::table.find(msg.account_id))
+///         .set(accounts::balance.eq(accounts::balance + msg.amount))
+///         .execute(conn)
+///         .await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// # Expansion
+///
+/// The example above becomes, in effect:
+///
+/// ```ignore
+/// async fn credit(
+///     conn: &mut AsyncPgConnection,
+///     msg: &CreditRequested,
+/// ) -> Result<diesel_inbox::Outcome<()>, AppError> {
+///     // Claims the consumer name: a second handler named "credit" fails with E0428.
+///     #[macro_export]
+///     macro_rules! __diesel_inbox_consumer_credit { () => {}; }
+///
+///     let message_id = diesel_inbox::__private::encode_key(&(msg.message_id));
+///     diesel_inbox::__private::run(
+///         conn,
+///         "credit",
+///         message_id,
+///         diesel_inbox::__private::FastPath::Enabled,
+///         // `conn` here is the transaction's connection, shadowing the parameter.
+///         async move |conn| -> Result<(), AppError> {
+///             diesel::update(accounts::table.find(msg.account_id))
+///                 .set(accounts::balance.eq(accounts::balance + msg.amount))
+///                 .execute(conn)
+///                 .await?;
+///             Ok(())
+///         },
+///     )
+///     .await
+/// }
+/// ```
+///
+/// `run` refuses a connection already inside a transaction, takes the fast path, then
+/// begins a transaction, inserts the marker (waiting for any transaction that holds the
+/// same key), runs the body, stamps `processed_at` and commits.
+///
+/// # Errors
+///
+/// Compile errors, each placed on the offending tokens, for: an attribute on anything
+/// but a function; a function that is not `async`, or is `const`, `unsafe`, `extern` or
+/// variadic; a return type that is not `Result<T, E>`; a missing, duplicate or unknown
+/// argument (with the closest valid name suggested); a consumer that is not a string
+/// literal, is empty, longer than 200 bytes, outside the character set, or already used
+/// by another handler of the crate; `conn` naming no parameter, or no connection
+/// parameter found, or several `&mut` candidates; a key whose type does not implement
+/// `InboxKey`; an error type without `From<diesel::result::Error>`. On error the
+/// function is still emitted unchanged, so completion keeps working.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let function = match syn::parse::<syn::ItemFn>(item.clone()) {
