@@ -67,5 +67,5 @@ pub use inbox_runtime::{
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use inbox_runtime::{Body, FastPath, encode_key, run};
+    pub use inbox_runtime::{Body, FastPath, HandlerError, encode_key, run};
 }

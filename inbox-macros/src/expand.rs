@@ -26,6 +26,11 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // Evaluated before the body takes the parameters, and spanned at the key so that a
     // key without `InboxKey` is reported there.
     let encode = quote_spanned!(key.span()=> ::diesel_inbox::__private::encode_key(&(#key)));
+    // Spanned at the error type, so that an error type without the conversion is
+    // reported at the handler's signature.
+    let into_error = quote_spanned!(err.span()=>
+        <#err as ::diesel_inbox::__private::HandlerError>::from_diesel
+    );
     let fast_path = if fast_path {
         quote!(::diesel_inbox::__private::FastPath::Enabled)
     } else {
@@ -42,6 +47,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             #consumer,
             #message_id,
             #fast_path,
+            #into_error,
             async move |#conn| -> #result #body,
         )
         .await

@@ -71,6 +71,8 @@ use quote::ToTokens;
 ///         "credit",
 ///         message_id,
 ///         diesel_inbox::__private::FastPath::Enabled,
+///         // How the inbox's own database errors become the handler's error type.
+///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
 ///         // `conn` here is the transaction's connection, shadowing the parameter.
 ///         async move |conn| -> Result<(), AppError> {
 ///             diesel::update(accounts::table.find(msg.account_id))
@@ -97,11 +99,14 @@ use quote::ToTokens;
 /// literal, is empty, longer than 200 bytes, outside the character set, or already used
 /// by another handler of the crate; `conn` naming no parameter, or no connection
 /// parameter found, or several `&mut` candidates; a key whose type does not implement
-/// `InboxKey`; an error type without `From<diesel::result::Error>`. On error the
-/// function is still emitted unchanged, so completion keeps working.
+/// `InboxKey` (at the key); an error type without `From<diesel::result::Error>` (at the
+/// error type in the signature); a method already rewritten by `#[async_trait]`, whose
+/// boxed future the attribute cannot reach (use an inherent `async fn`, or a native
+/// `async fn` in the trait). All argument and signature mistakes are reported in one
+/// build, and the function is still emitted, so completion keeps working.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function = match syn::parse::<syn::ItemFn>(item.clone()) {
+    let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -117,8 +122,11 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         syn::parse::<args::Arguments>(args).and_then(|args| validate::validate(args, &function));
     match handler {
         Ok(handler) => expand::expand(handler, function).into(),
-        // The function is kept as written so that completion still works on it.
+        // The function is kept so that completion still works on it, without the
+        // qualifiers already reported, which would only add rustc's own errors.
         Err(error) => {
+            function.sig.constness = None;
+            function.sig.variadic = None;
             let mut output = error.into_compile_error();
             function.to_tokens(&mut output);
             output.into()

@@ -97,6 +97,15 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
     };
 
     let signature = &function.sig;
+    if signature.asyncness.is_none() && returns_boxed_future(&signature.output) {
+        errors.spanned(
+            &signature.ident,
+            "`#[idempotent]` cannot rewrite a method that `#[async_trait]` has already turned \
+             into a boxed future; put `#[idempotent]` on an inherent `async fn` and call it \
+             from the trait method, or use a native `async fn` in the trait",
+        );
+        return Err(errors.0.expect("just recorded"));
+    }
     if signature.asyncness.is_none() {
         errors.spanned(
             signature.fn_token,
@@ -204,6 +213,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+/// `Pin<Box<dyn Future<…>>>`, the shape `#[async_trait]` gives its methods.
+fn returns_boxed_future(output: &ReturnType) -> bool {
+    let ReturnType::Type(_, ty) = output else {
+        return false;
+    };
+    let mut ty = ty.as_ref();
+    // Macro-generated signatures may wrap the type in invisible groups.
+    while let Type::Group(group) = ty {
+        ty = &group.elem;
+    }
+    matches!(ty, Type::Path(path)
+        if path.path.segments.last().is_some_and(|last| last.ident == "Pin"))
 }
 
 /// `T` and `E` from a `-> Result<T, E>` return type.

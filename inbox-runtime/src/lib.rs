@@ -20,4 +20,4 @@ pub use classify::{ErrorClass, classify};
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
-pub use transaction::{Body, FastPath, run};
+pub use transaction::{Body, FastPath, HandlerError, run};

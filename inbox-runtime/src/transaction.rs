@@ -36,15 +36,40 @@ pub enum FastPath {
     Disabled,
 }
 
-/// Why the transaction closure ended without committing.
-enum Abort<E> {
+/// The error type of an `#[idempotent]` handler: one that database errors convert into.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error type of an `#[idempotent]` handler",
+    label = "this error type has no `From<diesel::result::Error>`",
+    note = "the inbox's own database errors are returned through it: implement \
+            `From<diesel::result::Error>` for `{Self}` (with thiserror, a `#[from]` variant)"
+)]
+pub trait HandlerError: Sized {
+    /// Wraps a database error.
+    fn from_diesel(error: Error) -> Self;
+}
+
+impl<E: From<Error>> HandlerError for E {
+    fn from_diesel(error: Error) -> Self {
+        Self::from(error)
+    }
+}
+
+/// Why a call ended without committing.
+enum Stop<E> {
     Duplicate,
+    Database(Error),
     Handler(E),
 }
 
-impl<E: From<Error>> From<Error> for Abort<E> {
+impl<E> From<Error> for Stop<E> {
     fn from(error: Error) -> Self {
-        Self::Handler(E::from(error))
+        Self::Database(error)
+    }
+}
+
+impl<E> From<InvalidKey> for Stop<E> {
+    fn from(invalid: InvalidKey) -> Self {
+        Self::Database(invalid.into())
     }
 }
 
@@ -60,11 +85,16 @@ impl<E: From<Error>> From<Error> for Abort<E> {
 ///    same key), runs `body` on the transaction's connection, stamps `processed_at`,
 ///    commits. A marker already there rolls back and returns [`Outcome::Duplicate`];
 ///    `Err` from `body` rolls back everything and is returned.
+///
+/// Database errors reach the caller through `into_error`, which the macro spells as the
+/// handler's `From<diesel::result::Error>` conversion so that a missing impl is reported
+/// at the handler's signature.
 pub async fn run<C, T, E, F>(
     conn: &mut C,
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
+    into_error: fn(Error) -> E,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -72,16 +102,37 @@ where
     C::Backend: InboxBackend,
     F: for<'r> Body<&'r mut C, Result<T, E>, Fut: Send> + Send,
     T: Send,
-    E: From<Error> + Send,
+    E: Send,
 {
-    let message_id = message_id.map_err(|invalid| E::from(invalid.into()))?;
-    ensure_outside_transaction(conn).map_err(E::from)?;
+    match process(conn, consumer, message_id, fast_path, body).await {
+        Ok(value) => Ok(Outcome::Processed(value)),
+        Err(Stop::Duplicate) => Ok(Outcome::Duplicate),
+        Err(Stop::Handler(error)) => Err(error),
+        Err(Stop::Database(error)) => Err(into_error(error)),
+    }
+}
+
+async fn process<C, T, E, F>(
+    conn: &mut C,
+    consumer: &'static str,
+    message_id: Result<String, InvalidKey>,
+    fast_path: FastPath,
+    body: F,
+) -> Result<T, Stop<E>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> Body<&'r mut C, Result<T, E>, Fut: Send> + Send,
+    T: Send,
+    E: Send,
+{
     let marker = Marker {
-        message_id,
+        message_id: message_id?,
         consumer,
     };
+    ensure_outside_transaction(conn)?;
     if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, &marker).await? {
-        return Ok(Outcome::Duplicate);
+        return Err(Stop::Duplicate);
     }
     // The transaction is driven through the transaction manager rather than
     // `AsyncConnection::transaction`: wrapping `body` in a second closure makes rustc
@@ -90,11 +141,11 @@ where
     C::TransactionManager::begin_transaction(conn).await?;
     let attempt = async {
         if !C::Backend::insert_marker(conn, &marker).await? {
-            return Err(Abort::Duplicate);
+            return Err(Stop::Duplicate);
         }
-        let value = body(&mut *conn).await.map_err(Abort::Handler)?;
+        let value = body(&mut *conn).await.map_err(Stop::Handler)?;
         if C::Backend::mark_processed(conn, &marker).await? != 1 {
-            return Err(Abort::from(rolled_back_underneath()));
+            return Err(Stop::Database(rolled_back_underneath()));
         }
         Ok(value)
     }
@@ -102,16 +153,13 @@ where
     match attempt {
         Ok(value) => {
             C::TransactionManager::commit_transaction(conn).await?;
-            Ok(Outcome::Processed(value))
+            Ok(value)
         }
-        Err(abort) => match (
-            C::TransactionManager::rollback_transaction(conn).await,
-            abort,
-        ) {
-            (Ok(()), Abort::Duplicate) => Ok(Outcome::Duplicate),
-            // The handler's own error explains more than a failed rollback after it.
-            (Ok(()) | Err(Error::BrokenTransactionManager), Abort::Handler(error)) => Err(error),
-            (Err(rollback), _) => Err(E::from(rollback)),
+        Err(stop) => match C::TransactionManager::rollback_transaction(conn).await {
+            Ok(()) => Err(stop),
+            // A failure explains more than the broken rollback after it.
+            Err(Error::BrokenTransactionManager) if !matches!(stop, Stop::Duplicate) => Err(stop),
+            Err(rollback) => Err(Stop::Database(rollback)),
         },
     }
 }
