@@ -61,11 +61,12 @@
 pub use inbox_macros::idempotent;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{
-    ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome, classify, migrate,
+    ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, SharedConsumers,
+    check_consumers, classify, migrate, registered_handlers,
 };
 
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use inbox_runtime::{Body, FastPath, HandlerError, encode_key, run};
+    pub use inbox_runtime::{Body, FastPath, HandlerError, encode_key, inventory, run};
 }

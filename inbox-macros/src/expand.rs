@@ -37,14 +37,25 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         quote!(::diesel_inbox::__private::FastPath::Disabled)
     };
     let claim = consumer_claim(&consumer);
+    let handler = function.sig.ident.to_string();
+    let registration = format_ident!("__INBOX_HANDLER", span = Span::mixed_site());
+    let registered = quote!(::diesel_inbox::RegisteredHandler::new(
+        #consumer,
+        ::core::concat!(::core::module_path!(), "::", #handler),
+    ));
     // The closure's parameter reuses the connection's name, so the body can only reach
     // the transaction's connection.
     function.block = parse_quote!({
         #claim
+        // `run` reads the consumer through this static's address: calling the handler
+        // then links the object holding its registration, even when a generic handler
+        // is instantiated in another crate.
+        static #registration: ::diesel_inbox::RegisteredHandler = #registered;
+        ::diesel_inbox::__private::inventory::submit! { #registered }
         let #message_id = #encode;
         ::diesel_inbox::__private::run(
             #conn,
-            #consumer,
+            &#registration,
             #message_id,
             #fast_path,
             #into_error,

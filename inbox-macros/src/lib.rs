@@ -30,7 +30,8 @@ use quote::ToTokens;
 ///
 /// - `consumer = "…"` (required): the handler's name in the inbox. A string literal of
 ///   ASCII letters, digits and `_ - . : /`, 1 to 200 bytes, used by no other handler of
-///   the crate.
+///   the crate (checked by `cargo check`) or of the program (checked at start-up by
+///   `diesel_inbox::check_consumers`).
 /// - `key = <expr>` (required): identifies the message, for example `msg.message_id` or
 ///   `(msg.topic.as_str(), msg.partition, msg.offset)`. Evaluated before the body; its
 ///   type implements `diesel_inbox::InboxKey`.
@@ -65,10 +66,16 @@ use quote::ToTokens;
 ///     #[macro_export]
 ///     macro_rules! __diesel_inbox_consumer_credit { () => {}; }
 ///
+///     // Lists the handler for `diesel_inbox::check_consumers`, which finds consumer
+///     // names shared across crates at start-up.
+///     static HANDLER: diesel_inbox::RegisteredHandler =
+///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit");
+///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
+///
 ///     let message_id = diesel_inbox::__private::encode_key(&(msg.message_id));
 ///     diesel_inbox::__private::run(
 ///         conn,
-///         "credit",
+///         &HANDLER,
 ///         message_id,
 ///         diesel_inbox::__private::FastPath::Enabled,
 ///         // How the inbox's own database errors become the handler's error type.

@@ -12,12 +12,16 @@ mod classify;
 mod key;
 mod migrate;
 mod outcome;
+mod registry;
 pub mod schema;
 mod transaction;
 
 pub use backend::InboxBackend;
 pub use classify::{ErrorClass, classify};
+#[doc(hidden)]
+pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
+pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
 pub use transaction::{Body, FastPath, HandlerError, run};

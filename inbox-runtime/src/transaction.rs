@@ -10,6 +10,7 @@ use crate::backend::InboxBackend;
 use crate::backend::sealed::{Backend as _, Marker};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
+use crate::registry::RegisteredHandler;
 
 /// An async closure over the transaction's connection whose future can be named, so
 /// that it can be required to be `Send`. (`AsyncFnOnce::CallOnceFuture` is unstable;
@@ -91,7 +92,7 @@ impl<E> From<InvalidKey> for Stop<E> {
 /// at the handler's signature.
 pub async fn run<C, T, E, F>(
     conn: &mut C,
-    consumer: &'static str,
+    handler: &'static RegisteredHandler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
     into_error: fn(Error) -> E,
@@ -104,7 +105,7 @@ where
     T: Send,
     E: Send,
 {
-    match process(conn, consumer, message_id, fast_path, body).await {
+    match process(conn, handler.consumer, message_id, fast_path, body).await {
         Ok(value) => Ok(Outcome::Processed(value)),
         Err(Stop::Duplicate) => Ok(Outcome::Duplicate),
         Err(Stop::Handler(error)) => Err(error),
