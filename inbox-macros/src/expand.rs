@@ -22,6 +22,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     };
     let result = result.clone();
     let body = &function.block;
+    // The closure's parameter reuses the connection's name, so the body can only reach
+    // the transaction's connection.
+    let closure = quote!(async move |#conn| -> #result #body);
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the body takes the parameters, and spanned at the key so that a
     // key without `InboxKey` is reported there.
@@ -43,8 +46,19 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         #consumer,
         ::core::concat!(::core::module_path!(), "::", #handler),
     ));
-    // The closure's parameter reuses the connection's name, so the body can only reach
-    // the transaction's connection.
+    // Spanned at the connection parameter: what `run` requires of the connection (an
+    // async connection, a supported backend) is reported there.
+    let run = quote_spanned!(conn.span()=>
+        ::diesel_inbox::__private::run(
+            #conn,
+            &#registration,
+            #message_id,
+            #fast_path,
+            #into_error,
+            #closure,
+        )
+        .await
+    );
     function.block = parse_quote!({
         #claim
         // `run` reads the consumer through this static's address: calling the handler
@@ -53,15 +67,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         static #registration: ::diesel_inbox::RegisteredHandler = #registered;
         ::diesel_inbox::__private::inventory::submit! { #registered }
         let #message_id = #encode;
-        ::diesel_inbox::__private::run(
-            #conn,
-            &#registration,
-            #message_id,
-            #fast_path,
-            #into_error,
-            async move |#conn| -> #result #body,
-        )
-        .await
+        #run
     });
     function.sig.output = parse_quote!(
         -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>

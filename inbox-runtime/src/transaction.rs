@@ -1,7 +1,5 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
-use std::future::Future;
-
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::AsyncConnection;
 use diesel_async::TransactionManager;
@@ -11,22 +9,6 @@ use crate::backend::sealed::{Backend as _, Marker};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::registry::RegisteredHandler;
-
-/// An async closure over the transaction's connection whose future can be named, so
-/// that it can be required to be `Send`. (`AsyncFnOnce::CallOnceFuture` is unstable;
-/// diesel-async bounds its own `transaction` the same way.)
-pub trait Body<C, R>: AsyncFnOnce(C) -> R + FnOnce(C) -> <Self as Body<C, R>>::Fut {
-    /// The future the closure returns.
-    type Fut: Future<Output = R>;
-}
-
-impl<F, C, Fut, R> Body<C, R> for F
-where
-    F: AsyncFnOnce(C) -> R + FnOnce(C) -> Fut,
-    Fut: Future<Output = R>,
-{
-    type Fut = Fut;
-}
 
 /// Whether to look for a committed marker before opening a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +69,9 @@ impl<E> From<InvalidKey> for Stop<E> {
 ///    commits. A marker already there rolls back and returns [`Outcome::Duplicate`];
 ///    `Err` from `body` rolls back everything and is returned.
 ///
+/// The returned future is `Send` exactly when `body`'s is, so a handler can be spawned
+/// whenever its body could.
+///
 /// Database errors reach the caller through `into_error`, which the macro spells as the
 /// handler's `From<diesel::result::Error>` conversion so that a missing impl is reported
 /// at the handler's signature.
@@ -101,9 +86,7 @@ pub async fn run<C, T, E, F>(
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> Body<&'r mut C, Result<T, E>, Fut: Send> + Send,
-    T: Send,
-    E: Send,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
     match process(conn, handler.consumer, message_id, fast_path, body).await {
         Ok(value) => Ok(Outcome::Processed(value)),
@@ -123,9 +106,7 @@ async fn process<C, T, E, F>(
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> Body<&'r mut C, Result<T, E>, Fut: Send> + Send,
-    T: Send,
-    E: Send,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
     let marker = Marker {
         message_id: message_id?,
@@ -135,10 +116,10 @@ where
     if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, &marker).await? {
         return Err(Stop::Duplicate);
     }
-    // The transaction is driven through the transaction manager rather than
-    // `AsyncConnection::transaction`: wrapping `body` in a second closure makes rustc
-    // unable to prove the handler's future `Send` for concrete connection types
-    // (rust-lang/rust#100013), and handlers must be spawnable.
+    // Driven through the transaction manager rather than `AsyncConnection::transaction`,
+    // which requires the closure's future to be `Send` for every lifetime: rustc cannot
+    // prove that for concrete connection types (rust-lang/rust#100013), and a handler
+    // must be spawnable whenever its body is.
     C::TransactionManager::begin_transaction(conn).await?;
     let attempt = async {
         if !C::Backend::insert_marker(conn, &marker).await? {
