@@ -116,8 +116,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
         Ok(function) => function,
         Err(_) => {
-            let error = syn::Error::new(
-                proc_macro2::Span::call_site(),
+            let error = syn::Error::new_spanned(
+                proc_macro2::TokenStream::from(item.clone()),
                 "`#[idempotent]` goes on an `async fn` handler",
             );
             let mut output = error.into_compile_error();
