@@ -4,6 +4,33 @@
 //! (how a duplicate shows itself), error recognition and schema creation differ, and each
 //! backend module holds its own.
 
+/// The `sealed::Backend` methods whose statements are the same on every backend, for
+/// each backend's impl to include.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! shared_statements {
+    () => {
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &$crate::backend::sealed::Marker,
+        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: ::diesel_async::AsyncConnection<Backend = Self>,
+        {
+            $crate::backend::queries::shared::already_processed(conn, marker)
+        }
+
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &$crate::backend::sealed::Marker,
+        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<usize>> + Send + use<'c, C>
+        where
+            C: ::diesel_async::AsyncConnection<Backend = Self>,
+        {
+            $crate::backend::queries::shared::mark_processed(conn, marker)
+        }
+    };
+}
+
 pub(crate) mod mysql;
 pub(crate) mod pg;
 pub(crate) mod sqlite;

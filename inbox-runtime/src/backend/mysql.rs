@@ -45,21 +45,13 @@ mod imp {
     use diesel::result::{DatabaseErrorKind, Error};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::{plain_insert, shared};
+    use super::super::queries::plain_insert;
     use super::super::sealed::{self, Marker};
     use super::names_inbox_index;
     use crate::schema::INDEX_NAME;
 
     impl sealed::Backend for diesel::mysql::Mysql {
-        fn already_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            shared::already_processed(conn, marker)
-        }
+        shared_statements!();
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,
@@ -80,16 +72,6 @@ mod imp {
                     Err(other) => Err(other),
                 }
             }
-        }
-
-        fn mark_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            shared::mark_processed(conn, marker)
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>

@@ -37,7 +37,7 @@ mod imp {
     use diesel::QueryResult;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::{plain_insert, shared};
+    use super::super::queries::plain_insert;
     use super::super::sealed::{self, Marker};
     use crate::schema::inbox;
 
@@ -46,15 +46,7 @@ mod imp {
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
     impl sealed::Backend for diesel::pg::Pg {
-        fn already_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            shared::already_processed(conn, marker)
-        }
+        shared_statements!();
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,
@@ -67,16 +59,6 @@ mod imp {
                 .on_conflict((inbox::message_id, inbox::consumer))
                 .do_nothing();
             async move { Ok(insert.execute(conn).await? == 1) }
-        }
-
-        fn mark_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            shared::mark_processed(conn, marker)
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
