@@ -63,6 +63,15 @@ impl TestDb for MysqlDb {
         .await
     }
 
+    async fn waiting_marker_inserts(&self) -> Option<i64> {
+        // A marker insert cannot finish while another transaction holds the key, so a
+        // connection still inside one is waiting for it.
+        let query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO `inbox`%'";
+        let mut conn = self.connect().await;
+        Some(Self::count(&mut conn, query).await.expect("processlist"))
+    }
+
     async fn cleanup(self) {
         self.admin(&format!("DROP DATABASE IF EXISTS {}", self.database))
             .await;
@@ -71,14 +80,10 @@ impl TestDb for MysqlDb {
 
 common_scenarios!(MysqlDb::create);
 
-/// Waits until `n` connections of this test's database are inside the marker insert,
-/// which cannot finish while another transaction holds the key.
-async fn wait_for_lock_waits(db: &MysqlDb, n: i64) {
-    let mut conn = db.connect().await;
-    let query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO `inbox`%'";
+/// Waits until `n` connections of this test are inside a marker insert.
+async fn wait_for_marker_inserts(db: &MysqlDb, n: i64) {
     for _ in 0..200 {
-        if MysqlDb::count(&mut conn, query).await.unwrap() >= n {
+        if db.waiting_marker_inserts().await >= Some(n) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -116,7 +121,7 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
                 })
             })
             .collect();
-        wait_for_lock_waits(&db, 2).await;
+        wait_for_marker_inserts(&db, 2).await;
         gate.release.notify_one();
         assert!(matches!(
             first.await.unwrap(),

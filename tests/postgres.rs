@@ -39,8 +39,13 @@ impl PgDb {
         Some(db)
     }
 
-    fn search_path(&self) -> String {
-        format!("SET search_path TO {}", self.schema)
+    /// Names the test's connections after its schema, so that the server's activity
+    /// view can be filtered to them.
+    fn session_setup(&self) -> String {
+        format!(
+            "SET search_path TO {0}; SET application_name TO '{0}'",
+            self.schema
+        )
     }
 }
 
@@ -51,7 +56,7 @@ impl TestDb for PgDb {
         let mut conn = AsyncPgConnection::establish(&self.url)
             .await
             .expect("connect to PostgreSQL");
-        conn.batch_execute(&self.search_path())
+        conn.batch_execute(&self.session_setup())
             .await
             .expect("set search_path");
         conn
@@ -63,6 +68,20 @@ impl TestDb for PgDb {
         )))
         .get_result(conn)
         .await
+    }
+
+    async fn waiting_marker_inserts(&self) -> Option<i64> {
+        let mut conn = self.connect().await;
+        let query = format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = '{}' \
+             AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"inbox\"%'",
+            self.schema
+        );
+        Some(
+            Self::count(&mut conn, &query)
+                .await
+                .expect("pg_stat_activity"),
+        )
     }
 
     async fn cleanup(self) {

@@ -53,6 +53,10 @@ impl common::TestDb for SqliteDb {
         .await
     }
 
+    async fn waiting_marker_inserts(&self) -> Option<i64> {
+        None
+    }
+
     async fn cleanup(self) {
         self.remove_files();
     }

@@ -23,6 +23,11 @@ pub trait TestDb: Clone + Send + Sync + 'static {
     /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
     fn count(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = Result<i64, Error>> + Send;
 
+    /// How many connections of this test are inside a marker insert waiting for another
+    /// transaction's lock, where the database can tell (SQLite waits inside its busy
+    /// handler, out of sight).
+    fn waiting_marker_inserts(&self) -> impl Future<Output = Option<i64>> + Send;
+
     /// Drops what the test created. A test that panicked leaves its database behind; the
     /// next run of the same test drops it before starting.
     fn cleanup(self) -> impl Future<Output = ()> + Send;
@@ -296,9 +301,19 @@ impl Gate {
     }
 }
 
-/// How long a call that must be blocked on another transaction's key is watched before
-/// concluding that it waits. Only the direction "finished too early" fails a test.
-pub const BLOCKED: Duration = Duration::from_millis(300);
+/// Waits until a connection of this test is seen waiting inside a marker insert. Where
+/// the database cannot show that, gives the waiter time to get there; then only the
+/// direction "finished too early" can fail.
+async fn until_a_marker_insert_waits<D: TestDb>(db: &D) {
+    for _ in 0..500 {
+        match db.waiting_marker_inserts().await {
+            Some(waiting) if waiting > 0 => return,
+            Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            None => return tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    panic!("no marker insert ever waited for the transaction holding the key");
+}
 
 /// A is inside its body, marker inserted, when B arrives: B waits for A's outcome.
 pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
@@ -317,7 +332,7 @@ pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
         let message = message.clone();
         async move { credit(&mut conn_b, &message).await }
     });
-    tokio::time::sleep(BLOCKED).await;
+    until_a_marker_insert_waits(&db).await;
     assert!(
         !second.is_finished(),
         "B must wait while A holds the marker"
