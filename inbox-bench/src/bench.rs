@@ -1,0 +1,238 @@
+//! One backend's measurements, in the order that keeps the comparisons fair.
+//!
+//! For each consumer count, every variant on an empty inbox runs back to back, so that
+//! the ratios within a consumer count see the same machine state; with several rounds,
+//! each round sweeps everything again. The pre-filled variants come last: their inbox
+//! is loaded once per size, grown from the smallest size to the largest, and measured at
+//! every consumer count, round after round.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::ensure;
+
+use crate::cli::{Backend, Plan};
+use crate::connection::{BenchConnection, connect};
+use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
+use crate::progress::Progress;
+use crate::runner::{self, Run};
+use crate::setup;
+use crate::target::Target;
+use crate::variant::{Variant, count_label};
+use crate::workload::{Workload, splitmix64};
+
+/// One variant at one consumer count.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    pub variant: Variant,
+    pub consumers: usize,
+    pub round: u32,
+    pub deliveries: u64,
+    pub run: Run,
+    pub diagnostics: Diagnostics,
+}
+
+impl Measurement {
+    pub fn per_second(&self) -> f64 {
+        self.deliveries as f64 / self.run.elapsed.as_secs_f64()
+    }
+
+    pub fn per_delivery(&self, total: i64) -> f64 {
+        total as f64 / self.deliveries as f64
+    }
+}
+
+/// Everything measured on one backend.
+#[derive(Debug, Clone)]
+pub struct BackendRun {
+    pub backend: Backend,
+    pub server: ServerInfo,
+    pub measurements: Vec<Measurement>,
+    pub prefilled: Vec<IndexShape>,
+    pub elapsed: Duration,
+}
+
+impl BackendRun {
+    /// Every round of one variant at one consumer count, slowest first.
+    pub fn rounds(&self, variant: Variant, consumers: usize) -> Vec<&Measurement> {
+        let mut rounds: Vec<&Measurement> = self
+            .measurements
+            .iter()
+            .filter(|m| m.variant == variant && m.consumers == consumers)
+            .collect();
+        rounds.sort_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        rounds
+    }
+
+    /// The median round (the slower middle one of an even count), which the report and
+    /// the chart show, diagnostics included.
+    pub fn find(&self, variant: Variant, consumers: usize) -> Option<&Measurement> {
+        let rounds = self.rounds(variant, consumers);
+        rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+    }
+
+    /// The throughput of `variant` relative to `base`: the median over rounds of the
+    /// ratio within each round. Variants of one round ran minutes apart at most, so a
+    /// burst of other load that slows a whole round cancels out of its ratios.
+    pub fn ratio(&self, variant: Variant, base: Variant, consumers: usize) -> Option<f64> {
+        let ratios = self.ratios(variant, base, consumers);
+        ratios.get(ratios.len().saturating_sub(1) / 2).copied()
+    }
+
+    /// The ratio of `variant` to `base` in each round, smallest first.
+    pub fn ratios(&self, variant: Variant, base: Variant, consumers: usize) -> Vec<f64> {
+        let mut ratios: Vec<f64> = self
+            .rounds(variant, consumers)
+            .into_iter()
+            .filter_map(|m| {
+                let paired = self.measurements.iter().find(|b| {
+                    b.variant == base && b.consumers == consumers && b.round == m.round
+                })?;
+                Some(m.per_second() / paired.per_second())
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios
+    }
+}
+
+pub async fn run_backend<C: BenchConnection>(
+    target: &Target,
+    plan: &Plan,
+    progress: &Progress,
+) -> anyhow::Result<BackendRun> {
+    let began = Instant::now();
+    let mut admin: C = connect(target).await?;
+    setup::create_tables(&mut admin).await?;
+    let server = probe::server_info(&mut admin).await?;
+    progress.note(format!("{}: {}", target.describe(), server.version));
+    // Message ids must differ between measurements, and from any earlier run's.
+    let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let mut measurement = 0;
+    let mut seed = move || {
+        measurement += 1;
+        splitmix64(epoch ^ measurement)
+    };
+
+    let mut measurements = Vec::new();
+    for (round, consumers) in plan.consumer_rounds() {
+        for variant in Variant::EMPTY_INBOX {
+            setup::reset(&mut admin).await?;
+            let workload = variant.workload(seed(), plan.messages);
+            setup::pre_mark(&mut admin, &workload).await?;
+            let step = Step {
+                target,
+                variant,
+                consumers,
+                round,
+                workload,
+            };
+            measurements.push(step.measure(&mut admin, progress).await?);
+        }
+    }
+
+    let mut prefilled = Vec::new();
+    let mut loaded = 0;
+    setup::reset(&mut admin).await?;
+    for &rows in &plan.prefill {
+        let bar = progress.step(
+            format!("{}: pre-filling the inbox", C::BACKEND.name()),
+            rows - loaded,
+        );
+        let began = Instant::now();
+        setup::prefill(&mut admin, loaded, rows, &bar).await?;
+        loaded = rows;
+        let shape = probe::index_shape(&mut admin, rows).await;
+        progress.finish_step(
+            bar,
+            format!(
+                "{}: inbox pre-filled to {} rows in {:.1} s",
+                C::BACKEND.name(),
+                count_label(rows),
+                began.elapsed().as_secs_f64()
+            ),
+        );
+        prefilled.push(shape);
+        for (round, consumers) in plan.consumer_rounds() {
+            let variant = Variant::Prefilled { rows };
+            let step = Step {
+                target,
+                variant,
+                consumers,
+                round,
+                workload: variant.workload(seed(), plan.messages),
+            };
+            measurements.push(step.measure(&mut admin, progress).await?);
+        }
+    }
+    Ok(BackendRun {
+        backend: C::BACKEND,
+        server,
+        measurements,
+        prefilled,
+        elapsed: began.elapsed(),
+    })
+}
+
+/// One measurement to take.
+struct Step<'a> {
+    target: &'a Target,
+    variant: Variant,
+    consumers: usize,
+    round: u32,
+    workload: Workload,
+}
+
+impl Step<'_> {
+    async fn measure<C: BenchConnection>(
+        self,
+        admin: &mut C,
+        progress: &Progress,
+    ) -> anyhow::Result<Measurement> {
+        let name = format!(
+            "{}, {} consumer(s), {}",
+            C::BACKEND.name(),
+            self.consumers,
+            self.variant.label()
+        );
+        setup::checkpoint(admin).await?;
+        let mut connections = Vec::with_capacity(self.consumers);
+        for _ in 0..self.consumers {
+            connections.push(connect::<C>(self.target).await?);
+        }
+        let probe = Probe::start(self.target, admin, &mut connections).await?;
+        let bar = progress.step(name.clone(), self.workload.deliveries);
+        let (run, connections) =
+            runner::drive(connections, self.variant, self.workload, &bar).await?;
+        let diagnostics = probe.finish(admin, connections).await?;
+        self.check(&run)?;
+        let measurement = Measurement {
+            variant: self.variant,
+            consumers: self.consumers,
+            round: self.round,
+            deliveries: self.workload.deliveries,
+            run,
+            diagnostics,
+        };
+        progress.finish_step(
+            bar,
+            format!("{name}: {:.0} msg/s", measurement.per_second()),
+        );
+        progress.measured();
+        Ok(measurement)
+    }
+
+    /// Each variant must have done what it claims, or its figure means nothing: every
+    /// new message processed once, and every redelivery found as a duplicate.
+    fn check(&self, run: &Run) -> anyhow::Result<()> {
+        let duplicates = self.workload.duplicates();
+        let processed = self.workload.deliveries - duplicates;
+        ensure!(
+            run.tally.processed == processed && run.tally.duplicates == duplicates,
+            "{}: expected {processed} processed and {duplicates} duplicates, got {} and {}",
+            self.variant.label(),
+            run.tally.processed,
+            run.tally.duplicates,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! The command line, and the plan of measurements it resolves to.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, ValueEnum};
+
+use crate::variant::Variant;
+
+/// Measures what exactly-once costs: `#[idempotent]` against its alternatives, on
+/// PostgreSQL, MySQL/MariaDB and SQLite, at several consumer counts, in one run.
+///
+/// Server URLs come from `POSTGRES_URL` and `MYSQL_URL`; a backend whose URL is not set
+/// is skipped. Each run works in a schema or database of its own and drops it at the
+/// end. Ratios are only comparable within one run.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "inbox-bench", version)]
+pub struct Args {
+    /// Backends to measure, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub backend: Vec<BackendChoice>,
+
+    /// Concurrent consumers, each on its own connection, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    pub consumers: Vec<usize>,
+
+    /// Deliveries per measurement [default: 10000, or 100 with --smoke].
+    #[arg(long)]
+    pub messages: Option<u64>,
+
+    /// Inbox sizes to pre-fill for variant 7, comma-separated (`1M`, `500k` and plain
+    /// numbers work), or `none` [default: 1M,10M, or 10k with --smoke].
+    #[arg(long, value_parser = parse_prefill)]
+    pub prefill: Option<Prefill>,
+
+    /// Times every measurement is repeated; the report gives the median and the range.
+    /// Rounds are interleaved (each sweeps all variants), so a burst of other load on
+    /// the machine hits every variant alike. Use 3 or more where the machine is shared.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+
+    /// Few messages and a small pre-filled inbox: proves the harness works, in seconds.
+    /// Its figures mean nothing.
+    #[arg(long)]
+    pub smoke: bool,
+
+    /// Where to write the Markdown report.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md"))]
+    pub output: PathBuf,
+
+    /// Where to write the SVG chart of throughput against consumers.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks.svg"))]
+    pub chart: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    Postgres,
+    Mysql,
+    Sqlite,
+    All,
+}
+
+/// The inbox sizes variant 7 runs at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prefill(Vec<u64>);
+
+/// The three databases the harness runs on, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+impl Backend {
+    pub const ALL: [Self; 3] = [Self::Postgres, Self::Mysql, Self::Sqlite];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Mysql => "MySQL/MariaDB",
+            Self::Sqlite => "SQLite",
+        }
+    }
+}
+
+/// What one run measures, with every default resolved.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub backends: Vec<Backend>,
+    pub consumers: Vec<usize>,
+    pub messages: u64,
+    pub rounds: u32,
+    pub prefill: Vec<u64>,
+    pub smoke: bool,
+    pub output: PathBuf,
+    pub chart: PathBuf,
+    /// How to reproduce this run, for the report.
+    pub command: String,
+}
+
+impl Plan {
+    /// Resolves `args`; `argv` is the command line as typed, recorded in the report.
+    pub fn new(args: Args, argv: &[String]) -> anyhow::Result<Self> {
+        let mut backends = Vec::new();
+        for choice in &args.backend {
+            let chosen: &[Backend] = match choice {
+                BackendChoice::Postgres => &[Backend::Postgres],
+                BackendChoice::Mysql => &[Backend::Mysql],
+                BackendChoice::Sqlite => &[Backend::Sqlite],
+                BackendChoice::All => &Backend::ALL,
+            };
+            for &backend in chosen {
+                if !backends.contains(&backend) {
+                    backends.push(backend);
+                }
+            }
+        }
+        let mut consumers = args.consumers;
+        consumers.sort_unstable();
+        consumers.dedup();
+        if consumers.first() == Some(&0) || consumers.is_empty() {
+            bail!("--consumers needs counts of at least 1");
+        }
+        let messages = args
+            .messages
+            .unwrap_or(if args.smoke { 100 } else { 10_000 });
+        if messages == 0 {
+            bail!("--messages must be at least 1");
+        }
+        if args.rounds == 0 {
+            bail!("--rounds must be at least 1");
+        }
+        let Prefill(mut prefill) = args.prefill.unwrap_or_else(|| {
+            Prefill(if args.smoke {
+                vec![10_000]
+            } else {
+                vec![1_000_000, 10_000_000]
+            })
+        });
+        // Variant 7 grows one inbox from the smallest size to the largest.
+        prefill.sort_unstable();
+        prefill.dedup();
+        Ok(Self {
+            backends,
+            consumers,
+            messages,
+            rounds: args.rounds,
+            prefill,
+            smoke: args.smoke,
+            output: args.output,
+            chart: args.chart,
+            command: reproduction(argv),
+        })
+    }
+
+    /// `(round, consumers)`: each consumer count once per round, round after round.
+    pub fn consumer_rounds(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        (0..self.rounds).flat_map(|round| self.consumers.iter().map(move |&c| (round, c)))
+    }
+
+    /// Every variant, in report order.
+    pub fn variants(&self) -> Vec<Variant> {
+        let mut variants = Variant::EMPTY_INBOX.to_vec();
+        variants.extend(self.prefill.iter().map(|&rows| Variant::Prefilled { rows }));
+        variants
+    }
+}
+
+/// `1M,10M`, `500k`, `10000` or `none`.
+fn parse_prefill(text: &str) -> anyhow::Result<Prefill> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Prefill(Vec::new()));
+    }
+    text.split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (digits, scale) = match item.char_indices().last() {
+                Some((at, 'k' | 'K')) => (&item[..at], 1_000),
+                Some((at, 'm' | 'M')) => (&item[..at], 1_000_000),
+                _ => (item, 1),
+            };
+            let count: u64 = digits
+                .parse()
+                .with_context(|| format!("`{item}` is not a row count like 1M, 500k or 10000"))?;
+            match count * scale {
+                0 => bail!("a pre-filled inbox needs at least 1 row; use `none` to skip"),
+                rows => Ok(rows),
+            }
+        })
+        .collect::<anyhow::Result<_>>()
+        .map(Prefill)
+}
+
+/// The command that reproduces this run, with the server URLs it read (passwords masked).
+fn reproduction(argv: &[String]) -> String {
+    let mut parts = Vec::new();
+    for variable in ["POSTGRES_URL", "MYSQL_URL"] {
+        match std::env::var(variable) {
+            Ok(url) if !url.is_empty() => {
+                parts.push(format!("{variable}={}", mask_password(&url)));
+            }
+            _ => {}
+        }
+    }
+    parts.push("cargo run --release -p inbox-bench --".to_owned());
+    parts.extend(argv.iter().skip(1).cloned());
+    parts.join(" ")
+}
+
+/// `scheme://user:secret@host` becomes `scheme://user:***@host`.
+fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) if credentials.contains(':') => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_sizes_take_suffixes_and_none() {
+        assert_eq!(
+            parse_prefill("1M,10M").unwrap(),
+            Prefill(vec![1_000_000, 10_000_000])
+        );
+        assert_eq!(parse_prefill("500k").unwrap(), Prefill(vec![500_000]));
+        assert_eq!(parse_prefill("10000").unwrap(), Prefill(vec![10_000]));
+        assert_eq!(parse_prefill("none").unwrap(), Prefill(vec![]));
+        assert!(parse_prefill("0").is_err());
+        assert!(parse_prefill("ten").is_err());
+    }
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            mask_password("postgres://bench:secret@db:5432/test"),
+            "postgres://bench:***@db:5432/test"
+        );
+        assert_eq!(
+            mask_password("mysql://root@127.0.0.1:3306/test"),
+            "mysql://root@127.0.0.1:3306/test"
+        );
+    }
+
+    #[test]
+    fn smoke_mode_is_small() {
+        let args =
+            Args::try_parse_from(["inbox-bench", "--smoke", "--consumers", "4,1,4"]).unwrap();
+        let plan = Plan::new(args, &[]).unwrap();
+        assert_eq!(plan.consumers, vec![1, 4]);
+        assert_eq!(plan.messages, 100);
+        assert_eq!(plan.prefill, vec![10_000]);
+        assert_eq!(plan.backends, Backend::ALL.to_vec());
+    }
+}

@@ -1,0 +1,471 @@
+//! BENCHMARKS.md: the figures, the issue's targets checked against them, and what the
+//! machine, the build and the servers were.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::bench::{BackendRun, Measurement};
+use crate::cli::{Backend, Plan};
+use crate::machine::Machine;
+use crate::variant::{Variant, count_label};
+
+/// The consumer count the issue's targets are stated at.
+const TARGET_CONSUMERS: usize = 8;
+
+/// A ratio the issue asks for: `numerator / denominator >= at_least`, on PostgreSQL.
+struct Goal {
+    numerator: Variant,
+    denominator: Variant,
+    at_least: f64,
+}
+
+/// The issue's targets, with the largest pre-filled inbox standing in for 10M rows.
+fn goals(plan: &Plan) -> Vec<Goal> {
+    let mut goals = vec![
+        Goal {
+            numerator: Variant::Idempotent,
+            denominator: Variant::Bare,
+            at_least: 0.80,
+        },
+        Goal {
+            numerator: Variant::Idempotent,
+            denominator: Variant::HandWritten,
+            at_least: 0.97,
+        },
+        Goal {
+            numerator: Variant::Duplicates { percent: 100 },
+            denominator: Variant::Idempotent,
+            at_least: 3.0,
+        },
+    ];
+    if let Some(&rows) = plan.prefill.last() {
+        goals.push(Goal {
+            numerator: Variant::Prefilled { rows },
+            denominator: Variant::Idempotent,
+            at_least: 0.9,
+        });
+    }
+    goals.push(Goal {
+        numerator: Variant::Idempotent,
+        denominator: Variant::PeerFlow,
+        at_least: 1.5,
+    });
+    goals
+}
+
+pub fn write(
+    path: &Path,
+    plan: &Plan,
+    machine: &Machine,
+    runs: &[BackendRun],
+    skipped: &[String],
+) -> anyhow::Result<()> {
+    std::fs::write(path, render(plan, machine, runs, skipped))
+        .with_context(|| format!("write {}", path.display()))
+}
+
+fn render(plan: &Plan, machine: &Machine, runs: &[BackendRun], skipped: &[String]) -> String {
+    let mut out = String::new();
+    let w = &mut out;
+    line(w, "# Benchmarks");
+    line(w, "");
+    line(
+        w,
+        "What exactly-once costs: `#[idempotent]` side by side with its alternatives, on \
+         each backend, at each consumer count. Messages per second are deliveries handled \
+         per second of wall time; ratios compare variants **within this run only**, so \
+         rerun the command below rather than mixing figures from different runs.",
+    );
+    line(w, "");
+    if plan.smoke {
+        line(
+            w,
+            "> **Smoke run.** Few deliveries per measurement: this proves the harness \
+             works, and its figures mean nothing.",
+        );
+        line(w, "");
+    }
+    if !machine.optimized {
+        line(
+            w,
+            "> **Debug build.** The harness was not built with `--release`; the client's \
+             CPU cost is inflated.",
+        );
+        line(w, "");
+    }
+    render_setup(w, plan, machine, runs, skipped);
+    render_goals(w, plan, runs);
+    for run in runs {
+        render_backend(w, plan, run);
+    }
+    render_legend(w);
+    out
+}
+
+fn line(out: &mut String, text: &str) {
+    out.push_str(text);
+    out.push('\n');
+}
+
+fn render_setup(
+    w: &mut String,
+    plan: &Plan,
+    machine: &Machine,
+    runs: &[BackendRun],
+    skipped: &[String],
+) {
+    line(w, "## How it was run");
+    line(w, "");
+    let _ = writeln!(w, "- Date: {}", machine.date);
+    let _ = writeln!(w, "- Command: `{}`", plan.command);
+    let unknown = || "unknown".to_owned();
+    let _ = writeln!(
+        w,
+        "- Machine: {} cores ({}), {} memory, Linux {} ({}); load average {} at the start, \
+         {} at the end. The harness, its consumers and the servers share these cores, and \
+         other work may have been running: treat differences of a few percent as noise.",
+        machine.cores,
+        machine.cpu.clone().unwrap_or_else(unknown),
+        machine.memory.clone().unwrap_or_else(unknown),
+        machine.kernel.clone().unwrap_or_else(unknown),
+        machine.os.clone().unwrap_or_else(unknown),
+        machine.load.clone().unwrap_or_else(unknown),
+        crate::machine::load_average().unwrap_or_else(unknown),
+    );
+    let _ = writeln!(
+        w,
+        "- Build: {}, {} profile; diesel-inbox {} at {}",
+        machine.rustc,
+        if machine.optimized {
+            "release"
+        } else {
+            "debug"
+        },
+        env!("CARGO_PKG_VERSION"),
+        machine.revision.clone().unwrap_or_else(unknown),
+    );
+    for run in runs {
+        let settings: Vec<String> = run
+            .server
+            .settings
+            .iter()
+            .map(|(name, value)| format!("`{name}` = {value}"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "- {}: {} ({}); measured in {:.0} s",
+            run.backend.name(),
+            run.server.version,
+            settings.join(", "),
+            run.elapsed.as_secs_f64()
+        );
+    }
+    for reason in skipped {
+        let _ = writeln!(w, "- Not measured: {reason}");
+    }
+    if plan.rounds > 1 {
+        let _ = writeln!(
+            w,
+            "- Rounds: every measurement was taken {} times, each round sweeping all \
+             variants. Tables and chart give the median round (its diagnostics included) \
+             and the range of all rounds; ratios are the median of the ratios within each \
+             round, so a burst of other load that slows a whole round cancels out.",
+            plan.rounds
+        );
+    }
+    let _ = writeln!(
+        w,
+        "- Workload: {} deliveries per measurement, each a credit `UPDATE accounts SET \
+         balance = balance + $1 WHERE id = $2` on one of 10,000 accounts; message ids are \
+         random UUIDs. Consumers: {}, each a tokio task with its own connection, taking \
+         deliveries from a shared counter; the clock runs from the moment all are connected \
+         until the last delivery is handled. Transient errors (serialization failures, \
+         deadlocks, `SQLITE_BUSY`) are retried at once and counted.",
+        plan.messages,
+        plan.consumers
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    line(
+        w,
+        "- Each measurement on an empty inbox starts from an emptied inbox and a checkpoint. \
+         The pre-filled inbox (7) is bulk-loaded once per size with generated UUID-shaped \
+         ids (the unique index dropped and rebuilt around the load, then VACUUM/ANALYZE and \
+         a checkpoint), and grown from the smallest size to the largest.",
+    );
+    line(w, "");
+}
+
+fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
+    let _ = writeln!(w, "## Targets (PostgreSQL, {TARGET_CONSUMERS} consumers)");
+    line(w, "");
+    let Some(postgres) = runs.iter().find(|run| run.backend == Backend::Postgres) else {
+        line(w, "PostgreSQL was not measured in this run.");
+        line(w, "");
+        return;
+    };
+    line(w, "| target | measured | verdict | what bounds it |");
+    line(w, "|---|---|---|---|");
+    for goal in goals(plan) {
+        let target = format!(
+            "{} / {} ≥ {}",
+            short(goal.numerator),
+            short(goal.denominator),
+            goal.at_least
+        );
+        let pair = (
+            postgres.find(goal.numerator, TARGET_CONSUMERS),
+            postgres.find(goal.denominator, TARGET_CONSUMERS),
+        );
+        let (Some(numerator), Some(denominator)) = pair else {
+            let _ = writeln!(w, "| {target} | not measured | | |");
+            continue;
+        };
+        let ratios = postgres.ratios(goal.numerator, goal.denominator, TARGET_CONSUMERS);
+        let ratio = postgres
+            .ratio(goal.numerator, goal.denominator, TARGET_CONSUMERS)
+            .expect("both variants were measured");
+        let spread = match (ratios.first(), ratios.last()) {
+            (Some(low), Some(high)) if ratios.len() > 1 => {
+                format!("rounds {low:.2}–{high:.2}; ")
+            }
+            _ => String::new(),
+        };
+        let verdict = if ratio >= goal.at_least {
+            "met"
+        } else {
+            "**missed**"
+        };
+        let _ = writeln!(
+            w,
+            "| {target} | {:.2} ({spread}{:.0} / {:.0} msg/s) | {verdict} | {}; {} |",
+            ratio,
+            numerator.per_second(),
+            denominator.per_second(),
+            profile(numerator),
+            profile(denominator),
+        );
+    }
+    line(w, "");
+}
+
+/// The variant's number and, where it has one, its parameter: `(4)`, `(5, 100%)`.
+fn short(variant: Variant) -> String {
+    let label = variant.label();
+    let number = label.split(' ').next().unwrap_or_default();
+    match variant {
+        Variant::Duplicates { percent } => format!("(5, {percent}% dups)"),
+        Variant::Prefilled { rows } => format!("(7, {})", count_label(rows)),
+        _ => number.to_owned(),
+    }
+}
+
+/// A measurement's bottleneck figures in one phrase.
+fn profile(m: &Measurement) -> String {
+    let mut parts = vec![format!(
+        "{} {:.1} stmts",
+        short(m.variant),
+        m.per_delivery(m.run.statements as i64)
+    )];
+    if let Some(flushes) = m.diagnostics.log_flushes {
+        parts.push(format!("{:.2} fsyncs", m.per_delivery(flushes)));
+    }
+    let cpu = [m.diagnostics.client_cpu, m.diagnostics.server_cpu]
+        .into_iter()
+        .map(|cpu| cpu_per_delivery(m, cpu))
+        .sum::<Option<f64>>();
+    if let Some(cpu) = cpu {
+        parts.push(format!("{cpu:.0} µs CPU"));
+    }
+    if let Some((event, share)) = top_waits(m).into_iter().next() {
+        parts.push(format!("{event} {share:.0}%"));
+    }
+    parts.join(", ")
+}
+
+/// Wait events by share of samples, largest first.
+fn top_waits(m: &Measurement) -> Vec<(String, f64)> {
+    let total: u64 = m.diagnostics.waits.values().sum();
+    let mut shares: Vec<(String, f64)> = m
+        .diagnostics
+        .waits
+        .iter()
+        .map(|(event, &count)| (event.clone(), 100.0 * count as f64 / total as f64))
+        .collect();
+    shares.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    shares
+}
+
+fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
+    let _ = writeln!(w, "## {}", run.backend.name());
+    line(w, "");
+    // With several rounds, msg/s is the median round's and the range shows the spread.
+    let ranged = plan.rounds > 1;
+    let mut head = vec!["consumers", "variant", "msg/s"];
+    if ranged {
+        head.push("range");
+    }
+    head.extend([
+        "vs (1)",
+        "statements/msg",
+        "retries",
+        "log fsyncs/msg",
+        "log KiB/msg",
+        "CPU µs/msg harness",
+        "CPU µs/msg server",
+        "backend time (sampled)",
+    ]);
+    table_row(w, head.iter().map(|cell| cell.to_string()));
+    // Figures right-aligned; the variant and the wait events left-aligned.
+    let rule = (0..head.len()).map(|column| {
+        let left = column == 1 || column == head.len() - 1;
+        (if left { "---" } else { "---:" }).to_owned()
+    });
+    table_row(w, rule);
+    for &consumers in &plan.consumers {
+        for variant in plan.variants() {
+            let Some(m) = run.find(variant, consumers) else {
+                continue;
+            };
+            let mut cells = vec![
+                consumers.to_string(),
+                variant.label(),
+                thousands(m.per_second()),
+            ];
+            if ranged {
+                let rounds = run.rounds(variant, consumers);
+                let (slowest, fastest) = (rounds[0], rounds[rounds.len() - 1]);
+                cells.push(format!(
+                    "{}–{}",
+                    thousands(slowest.per_second()),
+                    thousands(fastest.per_second())
+                ));
+            }
+            let waits: Vec<String> = top_waits(m)
+                .into_iter()
+                .take(3)
+                .map(|(event, share)| format!("{event} {share:.0}%"))
+                .collect();
+            let diagnostics = &m.diagnostics;
+            cells.extend([
+                optional(run.ratio(variant, Variant::Bare, consumers), 2),
+                format!("{:.2}", m.per_delivery(m.run.statements as i64)),
+                m.run.tally.retries.to_string(),
+                optional(diagnostics.log_flushes.map(|v| m.per_delivery(v)), 2),
+                optional(diagnostics.log_bytes.map(|v| m.per_delivery(v) / 1024.0), 2),
+                optional(cpu_per_delivery(m, diagnostics.client_cpu), 0),
+                optional(cpu_per_delivery(m, diagnostics.server_cpu), 0),
+                waits.join(", "),
+            ]);
+            table_row(w, cells);
+        }
+    }
+    line(w, "");
+    if !run.prefilled.is_empty() {
+        line(w, "The pre-filled inbox's unique index:");
+        line(w, "");
+        for shape in &run.prefilled {
+            let size = shape.bytes.map_or_else(
+                || "size unknown".to_owned(),
+                |bytes| format!("{:.0} MiB", bytes as f64 / 1024.0 / 1024.0),
+            );
+            let levels = shape
+                .levels
+                .map_or_else(String::new, |levels| format!(", {levels} B-tree levels"));
+            let _ = writeln!(w, "- {} rows: {size}{levels}", count_label(shape.rows));
+        }
+        line(w, "");
+    }
+}
+
+/// One Markdown table row.
+fn table_row(w: &mut String, cells: impl IntoIterator<Item = String>) {
+    let cells: Vec<String> = cells.into_iter().collect();
+    let _ = writeln!(w, "| {} |", cells.join(" | "));
+}
+
+/// Microseconds of CPU per delivery.
+fn cpu_per_delivery(m: &Measurement, cpu: Option<std::time::Duration>) -> Option<f64> {
+    cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / m.deliveries as f64)
+}
+
+fn optional(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(String::new, |value| format!("{value:.decimals$}"))
+}
+
+/// `12,345`.
+fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value);
+    let mut grouped = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
+}
+
+fn render_legend(w: &mut String) {
+    line(w, "## Reading the tables");
+    line(w, "");
+    for item in [
+        "(1) the credit alone, in a transaction: the ceiling. (2) a look-up in a table \
+         without a unique index, then insert and credit in one transaction: cheap and not \
+         exactly-once. (3) the statements `#[idempotent]` issues, written by hand: fast-path \
+         read, BEGIN, marker insert, credit, `processed_at` stamp, COMMIT. (4) `#[idempotent]` \
+         with every delivery a new message; (4b) the same with `fast_path = false`. (5) \
+         `#[idempotent]` where the given share of deliveries repeat messages already \
+         processed. (6) MassTransit's EF Core inbox flow: insert the inbox row and commit, \
+         then a serializable transaction that locks the row with `SELECT … FOR UPDATE` \
+         (`BEGIN IMMEDIATE` on SQLite), credits and marks it consumed. (7) `#[idempotent]` \
+         over an inbox already holding that many markers.",
+        "**vs (1)**: throughput relative to (1) at the same consumer count; with several \
+         rounds, the median of the ratios within each round.",
+        "**statements/msg**: statements the consumers sent per delivery, BEGIN and COMMIT \
+         included; each is one round trip to the server.",
+        "**log fsyncs/msg** and **log KiB/msg**: PostgreSQL WAL syncs and bytes \
+         (`pg_stat_wal`); InnoDB fsyncs (`Innodb_data_fsyncs`, the redo log's included) \
+         and redo log bytes. Server-wide counters. Fewer fsyncs than commits means \
+         commits shared a flush (group commit).",
+        "**CPU µs/msg**: CPU time per delivery of the harness's process (consumers and \
+         driver; on SQLite the database engine too) and of the consumers' PostgreSQL \
+         backends (a local server only; WAL writer and checkpointer not included). On a \
+         machine whose cores are all busy, throughput is bounded by cores ÷ CPU per \
+         delivery.",
+        "**backend time**: PostgreSQL only: what the consumers' backends were doing, \
+         sampled every 10 ms from `pg_stat_activity`. `CPU` is executing; \
+         `Client:ClientRead` is waiting for the harness's next statement (round trips and \
+         the client's own CPU); `IO:WALSync` is the commit's fsync; `Lock:*` are row or \
+         transaction lock waits; `LWLock:*` are contention on shared memory.",
+    ] {
+        let _ = writeln!(w, "- {item}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0.4), "0");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1_234.4), "1,234");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+    }
+
+    #[test]
+    fn variants_are_named_briefly() {
+        assert_eq!(short(Variant::Idempotent), "(4)");
+        assert_eq!(
+            short(Variant::Duplicates { percent: 100 }),
+            "(5, 100% dups)"
+        );
+        assert_eq!(short(Variant::Prefilled { rows: 10_000_000 }), "(7, 10M)");
+    }
+}

@@ -1,0 +1,238 @@
+//! The variants measured, and the credit handler each one runs.
+//!
+//! Every handler makes the same business change, [`Statements::credit`], and reports
+//! whether it applied it ([`Outcome::Processed`]) or found the message already
+//! processed ([`Outcome::Duplicate`]).
+
+use diesel::QueryResult;
+use diesel::result::Error;
+use diesel_inbox::{Outcome, idempotent};
+
+use crate::connection::BenchConnection;
+use crate::workload::{Delivery, Workload};
+
+/// The consumer of [`idempotent_credit`]. The attribute needs a literal, so it is spelled
+/// there too; the pre-marked and pre-filled rows that variants 5 and 7 rely on use this
+/// constant, and the runner fails a measurement whose duplicates do not show up.
+pub const IDEMPOTENT_CONSUMER: &str = "bench-credit";
+const NAIVE_CONSUMER: &str = "bench-naive";
+const HAND_WRITTEN_CONSUMER: &str = "bench-hand-written";
+const PEER_CONSUMER: &str = "bench-peer";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// (1) The business transaction alone: the ceiling.
+    Bare,
+    /// (2) Check, then insert into a table without a unique index: not exactly-once.
+    Naive,
+    /// (3) The statements `#[idempotent]` issues, written by hand.
+    HandWritten,
+    /// (4) `#[idempotent]`, every delivery a new message.
+    Idempotent,
+    /// (4b) `#[idempotent(fast_path = false)]`: what the fast path's read costs.
+    IdempotentWithoutFastPath,
+    /// (5) `#[idempotent]` where `percent` of the deliveries are redeliveries.
+    Duplicates { percent: u64 },
+    /// (6) MassTransit's EF Core inbox: insert and commit, then lock, handle, consume.
+    PeerFlow,
+    /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
+    Prefilled { rows: u64 },
+}
+
+impl Variant {
+    /// The variants measured on a freshly emptied inbox, in report order.
+    pub const EMPTY_INBOX: [Self; 8] = [
+        Self::Bare,
+        Self::Naive,
+        Self::HandWritten,
+        Self::Idempotent,
+        Self::IdempotentWithoutFastPath,
+        Self::Duplicates { percent: 50 },
+        Self::Duplicates { percent: 100 },
+        Self::PeerFlow,
+    ];
+
+    pub fn label(self) -> String {
+        match self {
+            Self::Bare => "(1) bare transaction".to_owned(),
+            Self::Naive => "(2) naive check-then-insert".to_owned(),
+            Self::HandWritten => "(3) hand-written inbox SQL".to_owned(),
+            Self::Idempotent => "(4) #[idempotent]".to_owned(),
+            Self::IdempotentWithoutFastPath => "(4b) #[idempotent], fast_path = false".to_owned(),
+            Self::Duplicates { percent } => format!("(5) #[idempotent], {percent}% duplicates"),
+            Self::PeerFlow => "(6) peer flow (two transactions)".to_owned(),
+            Self::Prefilled { rows } => {
+                format!("(7) #[idempotent], {} rows in inbox", count_label(rows))
+            }
+        }
+    }
+
+    /// The deliveries of one measurement of this variant.
+    pub fn workload(self, seed: u64, deliveries: u64) -> Workload {
+        let duplicate_percent = match self {
+            Self::Duplicates { percent } => percent,
+            _ => 0,
+        };
+        Workload::new(seed, deliveries, duplicate_percent)
+    }
+
+    /// Handles one delivery.
+    pub async fn handle<C: BenchConnection>(
+        self,
+        conn: &mut C,
+        delivery: &Delivery,
+    ) -> QueryResult<Outcome<()>> {
+        match self {
+            Self::Bare => bare(conn, delivery).await,
+            Self::Naive => naive(conn, delivery).await,
+            Self::HandWritten => hand_written(conn, delivery).await,
+            Self::Idempotent | Self::Duplicates { .. } | Self::Prefilled { .. } => {
+                idempotent_credit(conn, delivery).await
+            }
+            Self::IdempotentWithoutFastPath => {
+                idempotent_credit_without_fast_path(conn, delivery).await
+            }
+            Self::PeerFlow => peer_flow(conn, delivery).await,
+        }
+    }
+}
+
+/// `10k`, `1M`, `2.5M`, or the plain number.
+pub fn count_label(count: u64) -> String {
+    match count {
+        n if n >= 1_000_000 && n % 100_000 == 0 => format!("{}M", n as f64 / 1e6),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+/// (1) The ceiling: the credit in a transaction of its own, no inbox at all.
+async fn bare<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryResult<Outcome<()>> {
+    let account = delivery.account;
+    conn.transaction(async move |conn| conn.credit(account, 1).await)
+        .await?;
+    Ok(Outcome::Processed(()))
+}
+
+/// (2) What most people write first. The look-up runs before the transaction and nothing
+/// is unique, so two concurrent copies of a message can both be applied. The table has a
+/// plain index, so the look-up costs what the inbox's does.
+async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    if conn.naive_seen(message_id.clone(), NAIVE_CONSUMER).await? {
+        return Ok(Outcome::Duplicate);
+    }
+    let account = delivery.account;
+    conn.transaction(async move |conn| {
+        conn.naive_record(message_id, NAIVE_CONSUMER).await?;
+        conn.credit(account, 1).await
+    })
+    .await?;
+    Ok(Outcome::Processed(()))
+}
+
+/// (3) The statements `#[idempotent]` issues, in its order: the fast-path read, then
+/// BEGIN, the marker insert, the body, the `processed_at` stamp and COMMIT. (A
+/// duplicate found by the insert commits an empty transaction here where the library
+/// rolls back; with unique keys neither happens.)
+async fn hand_written<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    if conn
+        .marker_exists(message_id.clone(), HAND_WRITTEN_CONSUMER)
+        .await?
+    {
+        return Ok(Outcome::Duplicate);
+    }
+    let account = delivery.account;
+    conn.transaction(async move |conn| {
+        if !conn
+            .insert_marker(message_id.clone(), HAND_WRITTEN_CONSUMER)
+            .await?
+        {
+            return Ok(Outcome::Duplicate);
+        }
+        conn.credit(account, 1).await?;
+        conn.stamp_processed(message_id, HAND_WRITTEN_CONSUMER)
+            .await?;
+        Ok(Outcome::Processed(()))
+    })
+    .await
+}
+
+/// (4), (5) and (7).
+#[idempotent(consumer = "bench-credit", key = delivery.message_id)]
+async fn idempotent_credit<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (4b).
+#[idempotent(
+    consumer = "bench-credit-no-fast-path",
+    key = delivery.message_id,
+    fast_path = false
+)]
+async fn idempotent_credit_without_fast_path<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (6) The flow of MassTransit's Entity Framework Core inbox, on the same `inbox` table:
+/// a first transaction records the delivery and commits; a second, serializable one
+/// locks that row (`SELECT … FOR UPDATE`), runs the handler and marks the row consumed.
+/// The second transaction is opened with raw SQL because its isolation level is
+/// spelled differently on each backend.
+async fn peer_flow<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    let recorded = message_id.clone();
+    conn.transaction(async move |conn| conn.insert_marker(recorded, PEER_CONSUMER).await)
+        .await?;
+
+    conn.batch_execute(C::BEGIN_SERIALIZABLE).await?;
+    let attempt = async {
+        match conn.lock_marker(message_id.clone(), PEER_CONSUMER).await? {
+            Some(false) => {}
+            Some(true) => return Ok(Outcome::Duplicate),
+            None => return Err(Error::NotFound),
+        }
+        conn.credit(delivery.account, 1).await?;
+        conn.stamp_processed(message_id, PEER_CONSUMER).await?;
+        Ok(Outcome::Processed(()))
+    }
+    .await;
+    let end = if attempt.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    // The statement's own error explains more than a failed ROLLBACK after it.
+    match (attempt, conn.batch_execute(end).await) {
+        (Ok(outcome), Ok(())) => Ok(outcome),
+        (Err(error), _) | (Ok(_), Err(error)) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_labelled_briefly() {
+        assert_eq!(count_label(10_000), "10k");
+        assert_eq!(count_label(1_000_000), "1M");
+        assert_eq!(count_label(2_500_000), "2.5M");
+        assert_eq!(count_label(1_234), "1234");
+    }
+}

@@ -1,0 +1,54 @@
+//! The harness's smoke mode, run in-process: SQLite always, PostgreSQL and MySQL when
+//! `POSTGRES_URL` and `MYSQL_URL` are set. It proves the harness works end to end; it
+//! never asserts a speed.
+
+use clap::Parser as _;
+use inbox_bench::{Args, Backend, Plan};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let output = dir.path().join("BENCHMARKS.md");
+    let chart = dir.path().join("benchmarks.svg");
+    let argv: Vec<String> = [
+        "inbox-bench",
+        "--smoke",
+        "--messages",
+        "40",
+        "--consumers",
+        "1,4",
+        "--prefill",
+        "2k",
+        "--output",
+        output.to_str().expect("UTF-8 path"),
+        "--chart",
+        chart.to_str().expect("UTF-8 path"),
+    ]
+    .map(String::from)
+    .to_vec();
+    let plan = Plan::new(Args::try_parse_from(&argv).expect("arguments"), &argv).expect("plan");
+
+    let measured = inbox_bench::run(&plan).await.expect("smoke run");
+
+    assert!(measured.contains(&Backend::Sqlite), "{measured:?}");
+    let report = std::fs::read_to_string(&output).expect("report written");
+    for backend in &measured {
+        let section = report
+            .split("\n## ")
+            .find(|section| section.starts_with(backend.name()))
+            .unwrap_or_else(|| panic!("no section for {}:\n{report}", backend.name()));
+        for &consumers in &plan.consumers {
+            for variant in plan.variants() {
+                let row = format!("| {consumers} | {} | ", variant.label());
+                assert!(
+                    section.lines().any(|line| line.starts_with(&row)),
+                    "{}: no row starting `{row}`:\n{section}",
+                    backend.name()
+                );
+            }
+        }
+    }
+    let svg = std::fs::read_to_string(&chart).expect("chart written");
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.contains("messages per second"));
+}
