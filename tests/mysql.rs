@@ -153,3 +153,13 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
     );
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn processed_at_follows_the_body() {
+    let Some(db) = MysqlDb::create("processed_at").await else {
+        return;
+    };
+    let later = "processed_at >= received_at + INTERVAL 90000 MICROSECOND";
+    common::processed_at_follows_the_body(db.clone(), later).await;
+    db.cleanup().await;
+}

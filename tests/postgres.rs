@@ -281,3 +281,13 @@ async fn pooled_connections_work() {
     assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn processed_at_follows_the_body() {
+    let Some(db) = PgDb::create("processed_at").await else {
+        return;
+    };
+    let later = "processed_at >= received_at + interval '90 milliseconds'";
+    common::processed_at_follows_the_body(db.clone(), later).await;
+    db.cleanup().await;
+}

@@ -6,6 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::TestDb as _;
 use diesel::sqlite::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
@@ -63,3 +64,13 @@ impl common::TestDb for SqliteDb {
 }
 
 common_scenarios!(SqliteDb::create);
+
+/// SQLite's `CURRENT_TIMESTAMP` has whole seconds, so only the order is checked.
+#[tokio::test]
+async fn processed_at_follows_the_body() {
+    let db = SqliteDb::create("processed_at")
+        .await
+        .expect("SQLite is always there");
+    common::processed_at_follows_the_body(db.clone(), "processed_at >= received_at").await;
+    db.cleanup().await;
+}

@@ -6,8 +6,9 @@
 //!
 //! The SQL for each backend ships as diesel-CLI migration folders under `migrations/`
 //! in this crate's repository, and [`migrate`](crate::migrate) runs the same SQL.
-//! Timestamps are UTC; PostgreSQL stores them as `timestamptz`, which reads back through
-//! the `Timestamp` SQL type as UTC.
+//! PostgreSQL stores the timestamps as `timestamptz`, which reads back through the
+//! `Timestamp` SQL type as UTC; MySQL keeps microseconds in the session's time zone;
+//! SQLite keeps whole seconds of UTC.
 
 /// Name of the unique index on (`message_id`, `consumer`).
 ///

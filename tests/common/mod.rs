@@ -599,3 +599,28 @@ macro_rules! common_scenarios {
         }
     )*};
 }
+
+#[idempotent(consumer = "slow", key = credit.message_id.as_str())]
+pub async fn slow_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+/// `processed_at` records when the body finished: at least `later` (SQL over the inbox
+/// row, in the backend's dialect) after `received_at`, which records the marker insert.
+pub async fn processed_at_follows_the_body<D: TestDb>(db: D, later: &str) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let message = Credit::new(0);
+    assert_eq!(
+        slow_credit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    let query = format!("SELECT COUNT(*) FROM inbox WHERE {later}");
+    assert_eq!(D::count(&mut conn, &query).await.unwrap(), 1, "{query}");
+}

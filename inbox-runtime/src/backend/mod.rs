@@ -4,11 +4,14 @@
 //! (how a duplicate shows itself), error recognition and schema creation differ, and each
 //! backend module holds its own.
 
-/// The `sealed::Backend` methods whose statements are the same on every backend, for
-/// each backend's impl to include.
+/// The `sealed::Backend` methods whose statements are the same on several backends, for
+/// each backend's impl to include by name.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! shared_statements {
-    () => {
+    ($($statement:ident),+) => {
+        $(shared_statements!(@ $statement);)+
+    };
+    (@ already_processed) => {
         fn already_processed<'c, C>(
             conn: &'c mut C,
             marker: &$crate::backend::sealed::Marker,
@@ -17,16 +20,6 @@ macro_rules! shared_statements {
             C: ::diesel_async::AsyncConnection<Backend = Self>,
         {
             $crate::backend::queries::shared::already_processed(conn, marker)
-        }
-
-        fn mark_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &$crate::backend::sealed::Marker,
-        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<usize>> + Send + use<'c, C>
-        where
-            C: ::diesel_async::AsyncConnection<Backend = Self>,
-        {
-            $crate::backend::queries::shared::mark_processed(conn, marker)
         }
     };
 }

@@ -34,19 +34,36 @@ pub(crate) fn is_transient(message: &str) -> bool {
 mod imp {
     use std::future::Future;
 
-    use diesel::QueryResult;
+    use diesel::prelude::*;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::plain_insert;
+    use super::super::queries::{plain_insert, shared};
     use super::super::sealed::{self, Marker};
     use crate::schema::inbox;
+
+    diesel::define_sql_function! {
+        /// The current time, which unlike `now()` advances within a transaction.
+        fn clock_timestamp() -> diesel::sql_types::Timestamp;
+    }
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
     /// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
     impl sealed::Backend for diesel::pg::Pg {
-        shared_statements!();
+        shared_statements!(already_processed);
+
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // `now()` is the transaction's start on PostgreSQL, which would make
+            // `processed_at` a copy of `received_at`.
+            shared::mark_processed(conn, marker, clock_timestamp())
+        }
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,

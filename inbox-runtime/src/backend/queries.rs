@@ -2,9 +2,9 @@
 
 use std::future::Future;
 
-use diesel::dsl::{exists, insert_into, now, select, update};
+use diesel::dsl::{exists, insert_into, select};
 use diesel::prelude::*;
-use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::methods::LoadQuery;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::sealed::Marker;
@@ -33,11 +33,11 @@ pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     ))
 }
 
-#[diesel::dsl::auto_type]
-pub(super) fn stamp_processed(message_id: String, consumer: &'static str) -> _ {
-    let row: marker_row = marker_row(message_id, consumer);
-    update(row).set(inbox::processed_at.eq(now.nullable()))
-}
+/// `UPDATE inbox SET processed_at = <clock> WHERE <marker>`.
+pub(super) type StampProcessed<Clock> = diesel::dsl::Update<
+    marker_row,
+    diesel::dsl::Eq<inbox::processed_at, diesel::dsl::Nullable<Clock>>,
+>;
 
 /// The queries every backend shares, generic so that each backend module states only
 /// what differs. Their bounds hold for every supported backend.
@@ -55,14 +55,20 @@ pub(super) mod shared {
         marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
     }
 
-    pub(in crate::backend) fn mark_processed<'c, C>(
+    /// Stamps `processed_at` with `clock`, each backend's expression for the current
+    /// time at the precision of its column.
+    pub(in crate::backend) fn mark_processed<'c, C, Clock>(
         conn: &'c mut C,
         marker: &Marker,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
+        clock: Clock,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C, Clock>
     where
         C: AsyncConnection,
-        stamp_processed: ExecuteDsl<C> + Send + 'static,
+        Clock: Expression<SqlType = diesel::sql_types::Timestamp> + AppearsOnTable<inbox::table>,
+        StampProcessed<Clock>: diesel_async::methods::ExecuteDsl<C> + Send + 'static,
     {
-        stamp_processed(marker.message_id.clone(), marker.consumer).execute(conn)
+        diesel::update(marker_row(marker.message_id.clone(), marker.consumer))
+            .set(inbox::processed_at.eq(clock.nullable()))
+            .execute(conn)
     }
 }

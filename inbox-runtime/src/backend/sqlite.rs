@@ -25,12 +25,23 @@ mod imp {
     use diesel::QueryResult;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::plain_insert;
+    use super::super::queries::{plain_insert, shared};
     use super::super::sealed::{self, Marker};
     use crate::schema::inbox;
 
     impl sealed::Backend for diesel::sqlite::Sqlite {
-        shared_statements!();
+        shared_statements!(already_processed);
+
+        fn mark_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // Whole seconds, like the default of `received_at`.
+            shared::mark_processed(conn, marker, diesel::dsl::now)
+        }
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,
