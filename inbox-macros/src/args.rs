@@ -1,5 +1,5 @@
 //! Parsing the attribute's arguments: `consumer = "…", key = <expr>, conn = <ident>,
-//! fast_path = <bool>`.
+//! fast_path = <bool expr>`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;

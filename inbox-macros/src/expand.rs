@@ -34,10 +34,12 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let into_error = quote_spanned!(err.span()=>
         <#err as ::diesel_inbox::__private::HandlerError>::from_diesel
     );
-    let fast_path = if fast_path {
-        quote!(::diesel_inbox::__private::FastPath::Enabled)
-    } else {
-        quote!(::diesel_inbox::__private::FastPath::Disabled)
+    // Evaluated before the body takes the parameters, like the key.
+    let fast_path = match fast_path {
+        None => quote!(::diesel_inbox::__private::FastPath::Enabled),
+        Some(when) => {
+            quote_spanned!(when.span()=> ::diesel_inbox::__private::FastPath::when(#when))
+        }
     };
     let claim = consumer_claim(&consumer);
     let handler = function.sig.ident.to_string();

@@ -37,8 +37,11 @@ use quote::ToTokens;
 ///   type implements `diesel_inbox::InboxKey`.
 /// - `conn = <parameter>`: the connection parameter. By default the parameter named
 ///   `conn`, else the only `&mut` parameter.
-/// - `fast_path = <bool>` (default `true`): look for a committed marker before opening
-///   a transaction, so that a redelivery costs one indexed read.
+/// - `fast_path = <bool expression>` (default `true`): look for a committed marker
+///   before opening a transaction, so that a redelivery costs one indexed read instead
+///   of a transaction; a new message pays that read too. Evaluated before the body, so
+///   `fast_path = delivery.redelivered` reads only for deliveries the broker flags as
+///   redelivered. Correctness never depends on it.
 ///
 /// # Examples
 ///

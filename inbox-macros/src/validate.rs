@@ -16,7 +16,8 @@ pub(crate) struct Handler {
     pub(crate) consumer: LitStr,
     pub(crate) key: Expr,
     pub(crate) conn: Ident,
-    pub(crate) fast_path: bool,
+    /// `None` for the default, the fast path on every delivery.
+    pub(crate) fast_path: Option<Expr>,
     /// `T` and `E` of the handler's `Result<T, E>`.
     pub(crate) ok: Type,
     pub(crate) err: Type,
@@ -84,17 +85,6 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             None
         }
     });
-    let fast_path = match fast_path {
-        None => true,
-        Some(Expr::Lit(ExprLit {
-            lit: Lit::Bool(flag),
-            ..
-        })) => flag.value,
-        Some(other) => {
-            errors.spanned(other, "`fast_path` takes `true` or `false`");
-            true
-        }
-    };
 
     let signature = &function.sig;
     if signature.asyncness.is_none() && returns_boxed_future(&signature.output) {

@@ -19,6 +19,18 @@ pub enum FastPath {
     Disabled,
 }
 
+impl FastPath {
+    /// [`FastPath::Enabled`] when `enabled`, for example when the broker flags the
+    /// delivery as a redelivery.
+    pub const fn when(enabled: bool) -> Self {
+        if enabled {
+            Self::Enabled
+        } else {
+            Self::Disabled
+        }
+    }
+}
+
 /// The error type of an `#[idempotent]` handler: one that database errors convert into.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the error type of an `#[idempotent]` handler",

@@ -1,6 +1,6 @@
 use diesel_async::AsyncPgConnection;
 
-#[diesel_inbox::idempotent(consumer = "", fast_path = maybe)]
+#[diesel_inbox::idempotent(consumer = "", conn = 42)]
 fn handle(conn: &mut AsyncPgConnection, id: u64) -> Result<(), diesel::result::Error> {
     let _ = (conn, id);
     Ok(())

@@ -19,7 +19,7 @@ impl Consumer {
 }
 
 /// Doc comments and other attributes stay on the handler.
-#[idempotent(consumer = "generic", key = id)]
+#[idempotent(consumer = "generic", key = id, fast_path = false)]
 #[allow(clippy::needless_pass_by_value)]
 async fn generic<C>(conn: &mut C, id: uuid::Uuid) -> Result<(), Error>
 where
@@ -40,11 +40,12 @@ async fn tuple_key(
     Ok(format!("{}:{partition}:{offset}", topic.as_ref()))
 }
 
-#[idempotent(consumer = "named-conn", key = key, conn = primary)]
+#[idempotent(consumer = "named-conn", key = key, conn = primary, fast_path = redelivered)]
 async fn named_connection(
     primary: &mut AsyncPgConnection,
     _replica: &mut AsyncPgConnection,
     key: String,
+    redelivered: bool,
 ) -> Result<(), Error> {
     let _ = primary;
     Ok(())
@@ -55,7 +56,7 @@ async fn callers(pg: &mut AsyncPgConnection, my: &mut AsyncMysqlConnection, othe
     let _: Result<Outcome<i64>, Error> = consumer.on_message(pg, "m").await;
     let _: Result<Outcome<()>, Error> = generic(pg, uuid::Uuid::nil()).await;
     let _: Result<Outcome<String>, Error> = tuple_key(my, "orders", (3, 42)).await;
-    let _: Result<Outcome<()>, Error> = named_connection(pg, other, String::from("k")).await;
+    let _: Result<Outcome<()>, Error> = named_connection(pg, other, String::from("k"), true).await;
 }
 
 fn main() {
