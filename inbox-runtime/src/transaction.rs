@@ -171,8 +171,8 @@ fn ensure_outside_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Er
 }
 
 /// The marker vanished before commit: the database rolled the transaction back (a
-/// MySQL deadlock does this) and the handler carried on past the error. Committing now
-/// would commit nothing, or only what ran after the rollback.
+/// MySQL deadlock does this) and the handler carried on past the error. There is nothing
+/// left to commit, so `Processed` would acknowledge a message whose effect is lost.
 fn rolled_back_underneath() -> Error {
     Error::DatabaseError(
         DatabaseErrorKind::SerializationFailure,
