@@ -51,9 +51,17 @@
 //! receives. Side effects outside the database (HTTP calls, emails, publishing) can still
 //! happen more than once; use an outbox for those.
 //!
+//! # Start-up
+//!
+//! Create the inbox table with [`migrate`] (idempotent, safe from several instances at
+//! once) or copy the migration for your backend, then call [`check_consumers`] once:
+//! handlers from different crates that share a consumer name only meet in the final
+//! program, where `cargo check` cannot see them.
+//!
 //! # Features
 //!
-//! `postgres`, `mysql` and `sqlite` turn on the matching diesel-async backend.
+//! `postgres`, `mysql` and `sqlite` (all on by default) turn on the matching
+//! diesel-async backend.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
