@@ -27,6 +27,15 @@ pub trait InboxKey {
     ///
     /// [`InvalidKey::Empty`] for an empty text component.
     fn write_key(&self, out: &mut String) -> Result<(), InvalidKey>;
+
+    /// The `message_id` this key is stored as.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`] for an empty key or one longer than the `message_id` column.
+    fn encode(&self) -> Result<String, InvalidKey> {
+        encode_key(self)
+    }
 }
 
 /// Why a key cannot be stored.
@@ -171,6 +180,7 @@ mod tests {
             "01234567-89ab-cdef-0123-456789abcdef"
         );
         assert_eq!(encode_key(&&&id).unwrap(), encode_key(&id).unwrap());
+        assert_eq!(("a", 1).encode().unwrap(), "1:a1:1");
     }
 
     #[test]
