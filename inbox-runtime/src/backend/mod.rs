@@ -11,6 +11,24 @@ macro_rules! shared_statements {
     ($($statement:ident),+) => {
         $(shared_statements!(@ $statement);)+
     };
+    // `INSERT … ON CONFLICT (message_id, consumer) DO NOTHING`: a duplicate waits for the
+    // transaction holding the key, then inserts nothing, without raising an error.
+    (@ insert_marker) => {
+        fn insert_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &$crate::backend::sealed::Marker,
+        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: ::diesel_async::AsyncConnection<Backend = Self>,
+        {
+            use $crate::schema::inbox;
+
+            let insert = $crate::backend::queries::plain_insert(marker.message_id.clone(), marker.consumer)
+                .on_conflict((inbox::message_id, inbox::consumer))
+                .do_nothing();
+            async move { Ok(::diesel_async::RunQueryDsl::execute(insert, conn).await? == 1) }
+        }
+    };
     (@ already_processed) => {
         fn already_processed<'c, C>(
             conn: &'c mut C,

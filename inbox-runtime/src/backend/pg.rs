@@ -34,12 +34,11 @@ pub(crate) fn is_transient(message: &str) -> bool {
 mod imp {
     use std::future::Future;
 
-    use diesel::prelude::*;
-    use diesel_async::{AsyncConnection, RunQueryDsl};
+    use diesel::QueryResult;
+    use diesel_async::AsyncConnection;
 
-    use super::super::queries::{plain_insert, shared};
+    use super::super::queries::shared;
     use super::super::sealed::{self, Marker};
-    use crate::schema::inbox;
 
     diesel::define_sql_function! {
         /// The current time, which unlike `now()` advances within a transaction.
@@ -51,7 +50,7 @@ mod imp {
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
     impl sealed::Backend for diesel::pg::Pg {
-        shared_statements!(already_processed);
+        shared_statements!(already_processed, insert_marker);
 
         fn mark_processed<'c, C>(
             conn: &'c mut C,
@@ -63,19 +62,6 @@ mod imp {
             // `now()` is the transaction's start on PostgreSQL, which would make
             // `processed_at` a copy of `received_at`.
             shared::mark_processed(conn, marker, clock_timestamp())
-        }
-
-        fn insert_marker<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            let insert = plain_insert(marker.message_id.clone(), marker.consumer)
-                .on_conflict((inbox::message_id, inbox::consumer))
-                .do_nothing();
-            async move { Ok(insert.execute(conn).await? == 1) }
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>

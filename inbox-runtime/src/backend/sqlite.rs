@@ -23,14 +23,13 @@ mod imp {
     use std::future::Future;
 
     use diesel::QueryResult;
-    use diesel_async::{AsyncConnection, RunQueryDsl};
+    use diesel_async::AsyncConnection;
 
-    use super::super::queries::{plain_insert, shared};
+    use super::super::queries::shared;
     use super::super::sealed::{self, Marker};
-    use crate::schema::inbox;
 
     impl sealed::Backend for diesel::sqlite::Sqlite {
-        shared_statements!(already_processed);
+        shared_statements!(already_processed, insert_marker);
 
         fn mark_processed<'c, C>(
             conn: &'c mut C,
@@ -41,19 +40,6 @@ mod imp {
         {
             // Whole seconds, like the default of `received_at`.
             shared::mark_processed(conn, marker, diesel::dsl::now)
-        }
-
-        fn insert_marker<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            let insert = plain_insert(marker.message_id.clone(), marker.consumer)
-                .on_conflict((inbox::message_id, inbox::consumer))
-                .do_nothing();
-            async move { Ok(insert.execute(conn).await? == 1) }
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
