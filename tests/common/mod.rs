@@ -18,6 +18,11 @@ use tokio::sync::{Barrier, Notify};
 pub trait TestDb: Clone + Send + Sync + 'static {
     type Conn: AsyncConnection<Backend: InboxBackend> + 'static;
 
+    /// A condition over the inbox row, in this backend's dialect, that holds when
+    /// `processed_at` is at least 90 ms after `received_at` (or, where the clock has
+    /// whole seconds, not before it).
+    const PROCESSED_AFTER_A_SLOW_BODY: &'static str;
+
     fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
 
     /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
@@ -571,6 +576,7 @@ macro_rules! common_scenarios {
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,
             migrate_is_idempotent_and_concurrent,
+            processed_at_follows_the_body,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -611,9 +617,8 @@ where
     Ok(())
 }
 
-/// `processed_at` records when the body finished: at least `later` (SQL over the inbox
-/// row, in the backend's dialect) after `received_at`, which records the marker insert.
-pub async fn processed_at_follows_the_body<D: TestDb>(db: D, later: &str) {
+/// `processed_at` records when the body finished, `received_at` the marker insert.
+pub async fn processed_at_follows_the_body<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let mut conn = db.connect().await;
     let message = Credit::new(0);
@@ -621,6 +626,9 @@ pub async fn processed_at_follows_the_body<D: TestDb>(db: D, later: &str) {
         slow_credit(&mut conn, &message).await.unwrap(),
         Outcome::Processed(())
     );
-    let query = format!("SELECT COUNT(*) FROM inbox WHERE {later}");
+    let query = format!(
+        "SELECT COUNT(*) FROM inbox WHERE {}",
+        D::PROCESSED_AFTER_A_SLOW_BODY
+    );
     assert_eq!(D::count(&mut conn, &query).await.unwrap(), 1, "{query}");
 }
