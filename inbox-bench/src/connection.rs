@@ -12,7 +12,7 @@ use diesel::dsl::{exists, insert_into, now, select, sql, update};
 use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
@@ -44,6 +44,11 @@ diesel::table! {
     }
 }
 
+diesel::define_sql_function! {
+    /// PostgreSQL's current time, which unlike `now()` advances within a transaction.
+    fn clock_timestamp() -> Timestamp;
+}
+
 #[diesel::dsl::auto_type]
 fn credit_account(account: i64, amount: i64) -> _ {
     update(accounts::table.find(account)).set(accounts::balance.eq(accounts::balance + amount))
@@ -70,12 +75,6 @@ fn plain_insert(message_id: String, consumer: &'static str) -> _ {
         inbox::message_id.eq(message_id),
         inbox::consumer.eq(consumer),
     ))
-}
-
-#[diesel::dsl::auto_type]
-fn stamp_processed(message_id: String, consumer: &'static str) -> _ {
-    let row: marker_row = marker_row(message_id, consumer);
-    update(row).set(inbox::processed_at.eq(now.nullable()))
 }
 
 #[diesel::dsl::auto_type]
@@ -121,13 +120,6 @@ pub trait Statements: AsyncConnection {
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// Sets `processed_at`; returns the rows matched.
-    fn stamp_processed(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
-
     fn naive_seen(
         &mut self,
         message_id: String,
@@ -156,7 +148,6 @@ where
     credit_account: ExecuteDsl<C> + Send + 'static,
     marker_exists: LoadQuery<'static, C, bool> + Send + 'static,
     plain_insert: ExecuteDsl<C> + Send + 'static,
-    stamp_processed: ExecuteDsl<C> + Send + 'static,
     naive_seen: LoadQuery<'static, C, bool> + Send + 'static,
     naive_record: ExecuteDsl<C> + Send + 'static,
     for<'q> SqlLiteral<BigInt>: LoadQuery<'q, C, i64>,
@@ -184,14 +175,6 @@ where
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         plain_insert(message_id, consumer).execute(self)
-    }
-
-    fn stamp_processed(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        stamp_processed(message_id, consumer).execute(self)
     }
 
     fn naive_seen(
@@ -238,6 +221,14 @@ pub trait BenchConnection:
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Sets `processed_at` with the clock the library uses on this backend; returns the
+    /// rows matched.
+    fn stamp_processed(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
     /// `SELECT processed_at IS NOT NULL … FOR UPDATE`: whether the marker is consumed,
     /// `None` when there is no marker.
     fn lock_marker(
@@ -262,6 +253,16 @@ impl BenchConnection for AsyncPgConnection {
             .execute(self)
             .await?;
         Ok(inserted == 1)
+    }
+
+    fn stamp_processed(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(marker_row(message_id, consumer))
+            .set(inbox::processed_at.eq(clock_timestamp().nullable()))
+            .execute(self)
     }
 
     async fn lock_marker(
@@ -302,6 +303,16 @@ impl BenchConnection for AsyncMysqlConnection {
         }
     }
 
+    fn stamp_processed(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(marker_row(message_id, consumer))
+            .set(inbox::processed_at.eq(sql::<Timestamp>("CURRENT_TIMESTAMP(6)").nullable()))
+            .execute(self)
+    }
+
     async fn lock_marker(
         &mut self,
         message_id: String,
@@ -337,6 +348,16 @@ impl BenchConnection for SqliteConn {
 
     /// SQLite has no `FOR UPDATE`: `BEGIN IMMEDIATE` already holds the database's
     /// write lock.
+    fn stamp_processed(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(marker_row(message_id, consumer))
+            .set(inbox::processed_at.eq(now.nullable()))
+            .execute(self)
+    }
+
     async fn lock_marker(
         &mut self,
         message_id: String,
