@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::{ErrorClass, Outcome, classify};
+use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
+use tokio::sync::Notify;
 
 use common::{Credit, Gate, TestDb};
 
@@ -48,8 +50,6 @@ impl MysqlDb {
 
 impl TestDb for MysqlDb {
     type Conn = AsyncMysqlConnection;
-    const PROCESSED_AFTER_A_SLOW_BODY: &'static str =
-        "processed_at >= received_at + INTERVAL 90000 MICROSECOND";
 
     async fn connect(&self) -> Self::Conn {
         AsyncMysqlConnection::establish(&format!("{}/{}", self.server, self.database))
@@ -91,6 +91,66 @@ async fn wait_for_marker_inserts(db: &MysqlDb, n: i64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{n} transactions never waited for the marker's lock");
+}
+
+#[idempotent(consumer = "deadlock-swallowing", key = credit.message_id.as_str())]
+async fn deadlock_swallowing_credit(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    first_lock_held: &Notify,
+) -> Result<(), Error> {
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 0")
+        .await?;
+    first_lock_held.notify_one();
+    // Deadlocks with the test's blocker. InnoDB rolls this whole transaction back, and
+    // the handler carries on as if nothing happened.
+    let _ignored = conn
+        .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        .await;
+    Ok(())
+}
+
+/// A deadlock ends a MySQL transaction at once. A handler that swallows the error must
+/// not be reported `Processed`: its marker went with the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn swallowed_deadlock_is_not_reported_processed() {
+    let Some(db) = MysqlDb::create("swallowed_deadlock").await else {
+        return;
+    };
+    common::create_tables(&db, 6).await;
+    let mut blocker = db.connect().await;
+    // Locks more rows than the handler will, so that InnoDB picks the handler's
+    // transaction as the deadlock's victim.
+    blocker
+        .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 10 WHERE id BETWEEN 1 AND 5")
+        .await
+        .unwrap();
+    let first_lock_held = Arc::new(Notify::new());
+    let handler = tokio::spawn({
+        let (db, first_lock_held) = (db.clone(), Arc::clone(&first_lock_held));
+        async move {
+            let mut conn = db.connect().await;
+            deadlock_swallowing_credit(&mut conn, &Credit::new(0), &first_lock_held).await
+        }
+    });
+    first_lock_held.notified().await;
+    blocker
+        .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 0")
+        .await
+        .expect("the handler, not the blocker, is the deadlock's victim");
+    blocker.batch_execute("COMMIT").await.unwrap();
+
+    let error = handler.await.unwrap().expect_err("not committed");
+    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    let mut conn = db.connect().await;
+    assert_eq!(
+        MysqlDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(common::balances(&db, 2).await, vec![10, 10]);
+    db.cleanup().await;
 }
 
 /// Three instances race on one key while the first rolls back: InnoDB can deadlock the

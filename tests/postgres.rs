@@ -51,8 +51,6 @@ impl PgDb {
 
 impl TestDb for PgDb {
     type Conn = AsyncPgConnection;
-    const PROCESSED_AFTER_A_SLOW_BODY: &'static str =
-        "processed_at >= received_at + interval '90 milliseconds'";
 
     async fn connect(&self) -> Self::Conn {
         let mut conn = AsyncPgConnection::establish(&self.url)
@@ -124,6 +122,7 @@ async fn swallowed_error_is_not_reported_processed() {
         .await
         .expect_err("not committed");
     assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    assert!(error.to_string().contains("rolled back"), "{error}");
     assert_eq!(
         PgDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
@@ -131,6 +130,12 @@ async fn swallowed_error_is_not_reported_processed() {
         0
     );
     assert_eq!(common::balances(&db, 1).await, vec![0]);
+    // The transaction is over and the connection serves the redelivery.
+    assert_eq!(
+        common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(common::balances(&db, 1).await, vec![1]);
     db.cleanup().await;
 }
 

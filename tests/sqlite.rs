@@ -35,8 +35,6 @@ impl SqliteDb {
 
 impl common::TestDb for SqliteDb {
     type Conn = SyncConnectionWrapper<SqliteConnection>;
-    // `CURRENT_TIMESTAMP` has whole seconds here, so only the order can be checked.
-    const PROCESSED_AFTER_A_SLOW_BODY: &'static str = "processed_at >= received_at";
 
     async fn connect(&self) -> Self::Conn {
         let url = self.path.to_str().expect("temp path is UTF-8");

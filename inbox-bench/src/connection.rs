@@ -2,7 +2,8 @@
 //!
 //! Every statement is a typed diesel query, so it is prepared once per connection and
 //! then costs one round trip, as the library's own statements do. The inbox statements
-//! are written to render exactly the SQL that `#[idempotent]` issues.
+//! are written to render exactly the SQL that `#[idempotent]` issues; transaction control
+//! is raw SQL, as the library's transaction manager sends it.
 
 use std::future::Future;
 
@@ -44,6 +45,18 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The peer flow's inbox, modelled on MassTransit's `InboxState`: a row is received
+    /// in one transaction and consumed in a later one, so `consumed_at` starts out null.
+    peer_inbox (id) {
+        id -> BigInt,
+        message_id -> Text,
+        consumer -> Text,
+        received_at -> Timestamp,
+        consumed_at -> Nullable<Timestamp>,
+    }
+}
+
 diesel::define_sql_function! {
     /// PostgreSQL's current time, which unlike `now()` advances within a transaction.
     fn clock_timestamp() -> Timestamp;
@@ -78,6 +91,23 @@ fn plain_insert(message_id: String, consumer: &'static str) -> _ {
 }
 
 #[diesel::dsl::auto_type]
+fn peer_row(message_id: String, consumer: &'static str) -> _ {
+    peer_inbox::table.filter(
+        peer_inbox::message_id
+            .eq(message_id)
+            .and(peer_inbox::consumer.eq(consumer)),
+    )
+}
+
+#[diesel::dsl::auto_type]
+fn peer_insert(message_id: String, consumer: &'static str) -> _ {
+    insert_into(peer_inbox::table).values((
+        peer_inbox::message_id.eq(message_id),
+        peer_inbox::consumer.eq(consumer),
+    ))
+}
+
+#[diesel::dsl::auto_type]
 fn naive_seen(message_id: String, consumer: &'static str) -> _ {
     select(exists(
         naive_inbox::table.filter(
@@ -106,7 +136,8 @@ pub trait Statements: AsyncConnection {
         amount: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// The fast path's read: is the marker committed?
+    /// `SELECT EXISTS(SELECT 1 FROM inbox WHERE message_id = $1 AND consumer = $2)`: the
+    /// fast path's read, and on MySQL and SQLite the check before COMMIT.
     fn marker_exists(
         &mut self,
         message_id: String,
@@ -115,6 +146,13 @@ pub trait Statements: AsyncConnection {
 
     /// `INSERT INTO inbox (message_id, consumer) VALUES ($1, $2)`.
     fn plain_insert(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// `INSERT INTO peer_inbox (message_id, consumer) VALUES ($1, $2)`.
+    fn peer_insert(
         &mut self,
         message_id: String,
         consumer: &'static str,
@@ -148,6 +186,7 @@ where
     credit_account: ExecuteDsl<C> + Send + 'static,
     marker_exists: LoadQuery<'static, C, bool> + Send + 'static,
     plain_insert: ExecuteDsl<C> + Send + 'static,
+    peer_insert: ExecuteDsl<C> + Send + 'static,
     naive_seen: LoadQuery<'static, C, bool> + Send + 'static,
     naive_record: ExecuteDsl<C> + Send + 'static,
     for<'q> SqlLiteral<BigInt>: LoadQuery<'q, C, i64>,
@@ -175,6 +214,14 @@ where
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         plain_insert(message_id, consumer).execute(self)
+    }
+
+    fn peer_insert(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        peer_insert(message_id, consumer).execute(self)
     }
 
     fn naive_seen(
@@ -221,21 +268,30 @@ pub trait BenchConnection:
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Sets `processed_at` with the clock the library uses on this backend; returns the
-    /// rows matched.
-    fn stamp_processed(
+    /// Commits the handler's transaction as the library does on this backend, proving
+    /// first that it is still the one the marker was inserted in. On `Err` the caller
+    /// rolls back.
+    fn commit_checked(
         &mut self,
         message_id: String,
         consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 
-    /// `SELECT processed_at IS NOT NULL … FOR UPDATE`: whether the marker is consumed,
-    /// `None` when there is no marker.
-    fn lock_marker(
+    /// `SELECT consumed_at IS NOT NULL FROM peer_inbox … FOR UPDATE`: whether the peer
+    /// flow's row is consumed, `None` when there is no row.
+    fn lock_peer_row(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<Option<bool>>> + Send;
+
+    /// `UPDATE peer_inbox SET consumed_at = <clock> …` with this backend's clock at the
+    /// column's precision.
+    fn consume_peer_row(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
 }
 
 impl BenchConnection for AsyncPgConnection {
@@ -255,27 +311,39 @@ impl BenchConnection for AsyncPgConnection {
         Ok(inserted == 1)
     }
 
-    fn stamp_processed(
+    /// One simple query: in a transaction aborted by an error the handler swallowed,
+    /// `SELECT 1` fails and the COMMIT after it is skipped, where a lone COMMIT would
+    /// silently roll back.
+    fn commit_checked(
         &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        update(marker_row(message_id, consumer))
-            .set(inbox::processed_at.eq(clock_timestamp().nullable()))
-            .execute(self)
+        _message_id: String,
+        _consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        self.batch_execute("SELECT 1; COMMIT")
     }
 
-    async fn lock_marker(
+    async fn lock_peer_row(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<Option<bool>> {
-        marker_row(message_id, consumer)
-            .select(inbox::processed_at.is_not_null())
+        peer_row(message_id, consumer)
+            .select(peer_inbox::consumed_at.is_not_null())
             .for_update()
             .get_result(self)
             .await
             .optional()
+    }
+
+    /// `now()` would be the transaction's start, before the handler ran.
+    fn consume_peer_row(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(peer_row(message_id, consumer))
+            .set(peer_inbox::consumed_at.eq(clock_timestamp().nullable()))
+            .execute(self)
     }
 }
 
@@ -303,27 +371,37 @@ impl BenchConnection for AsyncMysqlConnection {
         }
     }
 
-    fn stamp_processed(
+    fn commit_checked(
         &mut self,
         message_id: String,
         consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        update(marker_row(message_id, consumer))
-            .set(inbox::processed_at.eq(sql::<Timestamp>("CURRENT_TIMESTAMP(6)").nullable()))
-            .execute(self)
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        commit_if_marker_there(self, message_id, consumer)
     }
 
-    async fn lock_marker(
+    async fn lock_peer_row(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<Option<bool>> {
-        marker_row(message_id, consumer)
-            .select(inbox::processed_at.is_not_null())
+        peer_row(message_id, consumer)
+            .select(peer_inbox::consumed_at.is_not_null())
             .for_update()
             .get_result(self)
             .await
             .optional()
+    }
+
+    /// Plain `CURRENT_TIMESTAMP` would drop the microseconds the column keeps; the
+    /// precision must be a literal.
+    fn consume_peer_row(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(peer_row(message_id, consumer))
+            .set(peer_inbox::consumed_at.eq(sql::<Timestamp>("CURRENT_TIMESTAMP(6)").nullable()))
+            .execute(self)
     }
 }
 
@@ -346,29 +424,57 @@ impl BenchConnection for SqliteConn {
         Ok(inserted == 1)
     }
 
-    /// SQLite has no `FOR UPDATE`: `BEGIN IMMEDIATE` already holds the database's
-    /// write lock.
-    fn stamp_processed(
+    fn commit_checked(
         &mut self,
         message_id: String,
         consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        update(marker_row(message_id, consumer))
-            .set(inbox::processed_at.eq(now.nullable()))
-            .execute(self)
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        commit_if_marker_there(self, message_id, consumer)
     }
 
-    async fn lock_marker(
+    /// SQLite has no `FOR UPDATE`: `BEGIN IMMEDIATE` already holds the database's
+    /// write lock.
+    async fn lock_peer_row(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<Option<bool>> {
-        marker_row(message_id, consumer)
-            .select(inbox::processed_at.is_not_null())
+        peer_row(message_id, consumer)
+            .select(peer_inbox::consumed_at.is_not_null())
             .get_result(self)
             .await
             .optional()
     }
+
+    fn consume_peer_row(
+        &mut self,
+        message_id: String,
+        consumer: &'static str,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        update(peer_row(message_id, consumer))
+            .set(peer_inbox::consumed_at.eq(now.nullable()))
+            .execute(self)
+    }
+}
+
+/// The library's commit on MySQL and SQLite: the marker still being there proves that
+/// the database has not rolled the transaction back underneath the handler (a MySQL
+/// deadlock does) and begun a fresh one, whose COMMIT would commit nothing.
+async fn commit_if_marker_there<C: BenchConnection>(
+    conn: &mut C,
+    message_id: String,
+    consumer: &'static str,
+) -> QueryResult<()> {
+    if !conn.marker_exists(message_id, consumer).await? {
+        // Transient, as the library reports it: the message must be redelivered.
+        return Err(Error::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(String::from(
+                "the transaction was rolled back before COMMIT; nothing was committed",
+            )),
+        ));
+    }
+    conn.batch_execute("COMMIT").await
 }
 
 /// Opens a connection to the target's own schema, database or file.

@@ -36,7 +36,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     );
     // Evaluated before the body takes the parameters, like the key.
     let fast_path = match fast_path {
-        None => quote!(::diesel_inbox::__private::FastPath::Enabled),
+        None => quote!(::diesel_inbox::__private::FastPath::Adaptive),
         Some(when) => {
             quote_spanned!(when.span()=> ::diesel_inbox::__private::FastPath::when(#when))
         }
@@ -66,7 +66,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         // `run` reads the consumer through this static's address: calling the handler
         // then links the object holding its registration, even when a generic handler
         // is instantiated in another crate.
-        static #registration: ::diesel_inbox::RegisteredHandler = #registered;
+        static #registration: ::diesel_inbox::__private::Handler =
+            ::diesel_inbox::__private::Handler::new(#registered);
         ::diesel_inbox::__private::inventory::submit! { #registered }
         let #message_id = #encode;
         #run

@@ -37,11 +37,13 @@ use quote::ToTokens;
 ///   type implements `diesel_inbox::InboxKey`.
 /// - `conn = <parameter>`: the connection parameter. By default the parameter named
 ///   `conn`, else the only `&mut` parameter.
-/// - `fast_path = <bool expression>` (default `true`): look for a committed marker
-///   before opening a transaction, so that a redelivery costs one indexed read instead
-///   of a transaction; a new message pays that read too. Evaluated before the body, so
-///   `fast_path = delivery.redelivered` reads only for deliveries the broker flags as
-///   redelivered. Correctness never depends on it.
+/// - `fast_path = <bool expression>`: whether to look for a committed marker before
+///   opening a transaction, so that a redelivery costs one indexed read instead of a
+///   transaction while a new message pays that read for nothing. Evaluated before the
+///   body, so `fast_path = delivery.redelivered` reads only for deliveries the broker
+///   flags as redelivered. By default the handler reads first while a quarter or more of
+///   its recent deliveries were duplicates: never during a stream of new messages,
+///   always during a replay. Correctness never depends on it.
 ///
 /// # Examples
 ///
@@ -71,8 +73,10 @@ use quote::ToTokens;
 ///
 ///     // Lists the handler for `diesel_inbox::check_consumers`, which finds consumer
 ///     // names shared across crates at start-up.
-///     static HANDLER: diesel_inbox::RegisteredHandler =
-///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit");
+///     // Also holds the recent outcomes the adaptive fast path goes by.
+///     static HANDLER: diesel_inbox::__private::Handler = diesel_inbox::__private::Handler::new(
+///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit"),
+///     );
 ///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
 ///
 ///     let message_id = diesel_inbox::__private::encode_key(&(msg.message_id));
@@ -80,7 +84,7 @@ use quote::ToTokens;
 ///         conn,
 ///         &HANDLER,
 ///         message_id,
-///         diesel_inbox::__private::FastPath::Enabled,
+///         diesel_inbox::__private::FastPath::Adaptive,
 ///         // How the inbox's own database errors become the handler's error type.
 ///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
 ///         // `conn` here is the transaction's connection, shadowing the parameter.
@@ -96,9 +100,10 @@ use quote::ToTokens;
 /// }
 /// ```
 ///
-/// `run` refuses a connection already inside a transaction, takes the fast path, then
-/// begins a transaction, inserts the marker (waiting for any transaction that holds the
-/// same key), runs the body, stamps `processed_at` and commits.
+/// `run` refuses a connection already inside a transaction, takes the fast path if it
+/// is on, then begins a transaction, inserts the marker (waiting for any transaction
+/// that holds the same key), runs the body, checks that the database has not rolled the
+/// transaction back underneath it, and commits.
 ///
 /// # Errors
 ///

@@ -9,6 +9,7 @@
 
 mod backend;
 mod classify;
+mod fast_path;
 mod key;
 mod migrate;
 mod outcome;
@@ -18,10 +19,11 @@ mod transaction;
 
 pub use backend::InboxBackend;
 pub use classify::{ErrorClass, classify};
+pub use fast_path::FastPath;
 #[doc(hidden)]
 pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
-pub use transaction::{FastPath, HandlerError, run};
+pub use transaction::{Handler, HandlerError, run};

@@ -31,9 +31,8 @@ diesel::table! {
         message_id -> Text,
         /// The consumer (handler) that processed the message.
         consumer -> Text,
-        /// When the marker was inserted, at the start of the handler's transaction.
-        received_at -> Timestamp,
-        /// When the handler's body finished, just before its transaction committed.
-        processed_at -> Nullable<Timestamp>,
+        /// When the message was processed: the marker is written as the handler's
+        /// transaction starts, and commits with it.
+        processed_at -> Timestamp,
     }
 }

@@ -1,32 +1,31 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
-use diesel::result::{DatabaseErrorKind, Error};
+use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use diesel_async::TransactionManager;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Backend as _, Marker};
+use crate::fast_path::{DuplicateShare, FastPath};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::registry::RegisteredHandler;
 
-/// Whether to look for a committed marker before opening a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FastPath {
-    /// One indexed read first: a redelivery costs a read instead of a transaction.
-    Enabled,
-    /// Go straight to the transaction: saves a round trip when duplicates are rare.
-    Disabled,
+/// One `#[idempotent]` handler as [`run`] sees it: its registration, and the recent
+/// outcomes its adaptive fast path goes by.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Handler {
+    registration: RegisteredHandler,
+    recent_duplicates: DuplicateShare,
 }
 
-impl FastPath {
-    /// [`FastPath::Enabled`] when `enabled`, for example when the broker flags the
-    /// delivery as a redelivery.
-    pub const fn when(enabled: bool) -> Self {
-        if enabled {
-            Self::Enabled
-        } else {
-            Self::Disabled
+impl Handler {
+    #[doc(hidden)]
+    pub const fn new(registration: RegisteredHandler) -> Self {
+        Self {
+            registration,
+            recent_duplicates: DuplicateShare::new(),
         }
     }
 }
@@ -74,12 +73,13 @@ impl<E> From<InvalidKey> for Stop<E> {
 /// 1. Refuses a connection that is already inside a transaction or whose transaction
 ///    state is unknown: committing there would not be a real commit, so
 ///    [`Outcome::Processed`] would be a lie.
-/// 2. With [`FastPath::Enabled`], a committed marker returns [`Outcome::Duplicate`]
-///    without a transaction.
+/// 2. When `fast_path` says to read first, a committed marker returns
+///    [`Outcome::Duplicate`] without a transaction.
 /// 3. In one transaction: inserts the marker (waiting for any transaction that holds the
-///    same key), runs `body` on the transaction's connection, stamps `processed_at`,
-///    commits. A marker already there rolls back and returns [`Outcome::Duplicate`];
-///    `Err` from `body` rolls back everything and is returned.
+///    same key), runs `body` on the transaction's connection, and commits once it has
+///    checked that the database did not roll the transaction back underneath `body`. A
+///    marker already there rolls back and returns [`Outcome::Duplicate`]; `Err` from
+///    `body` rolls back everything and is returned.
 ///
 /// The returned future is `Send` exactly when `body`'s is, so a handler can be spawned
 /// whenever its body could.
@@ -89,7 +89,7 @@ impl<E> From<InvalidKey> for Stop<E> {
 /// at the handler's signature.
 pub async fn run<C, T, E, F>(
     conn: &mut C,
-    handler: &'static RegisteredHandler,
+    handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
     into_error: fn(Error) -> E,
@@ -100,9 +100,24 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    match process(conn, handler.consumer, message_id, fast_path, body).await {
-        Ok(value) => Ok(Outcome::Processed(value)),
-        Err(Stop::Duplicate) => Ok(Outcome::Duplicate),
+    let read_first = fast_path.reads_first(&handler.recent_duplicates);
+    match process(
+        conn,
+        handler.registration.consumer,
+        message_id,
+        read_first,
+        body,
+    )
+    .await
+    {
+        Ok(value) => {
+            handler.recent_duplicates.record(false);
+            Ok(Outcome::Processed(value))
+        }
+        Err(Stop::Duplicate) => {
+            handler.recent_duplicates.record(true);
+            Ok(Outcome::Duplicate)
+        }
         Err(Stop::Handler(error)) => Err(error),
         Err(Stop::Database(error)) => Err(into_error(error)),
     }
@@ -112,7 +127,7 @@ async fn process<C, T, E, F>(
     conn: &mut C,
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
-    fast_path: FastPath,
+    read_first: bool,
     body: F,
 ) -> Result<T, Stop<E>>
 where
@@ -125,7 +140,7 @@ where
         consumer,
     };
     ensure_outside_transaction(conn)?;
-    if fast_path == FastPath::Enabled && C::Backend::already_processed(conn, &marker).await? {
+    if read_first && C::Backend::already_processed(conn, &marker).await? {
         return Err(Stop::Duplicate);
     }
     // Driven through the transaction manager rather than `AsyncConnection::transaction`,
@@ -137,16 +152,12 @@ where
         if !C::Backend::insert_marker(conn, &marker).await? {
             return Err(Stop::Duplicate);
         }
-        let value = body(&mut *conn).await.map_err(Stop::Handler)?;
-        if C::Backend::mark_processed(conn, &marker).await? != 1 {
-            return Err(Stop::Database(rolled_back_underneath()));
-        }
-        Ok(value)
+        body(&mut *conn).await.map_err(Stop::Handler)
     }
     .await;
     match attempt {
         Ok(value) => {
-            C::TransactionManager::commit_transaction(conn).await?;
+            C::Backend::commit(conn, &marker).await?;
             Ok(value)
         }
         Err(stop) => match C::TransactionManager::rollback_transaction(conn).await {
@@ -168,18 +179,4 @@ fn ensure_outside_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Er
         return Err(Error::BrokenTransactionManager);
     }
     Ok(())
-}
-
-/// The marker vanished before commit: the database rolled the transaction back (a
-/// MySQL deadlock does this) and the handler carried on past the error. There is nothing
-/// left to commit, so `Processed` would acknowledge a message whose effect is lost.
-fn rolled_back_underneath() -> Error {
-    Error::DatabaseError(
-        DatabaseErrorKind::SerializationFailure,
-        Box::new(String::from(
-            "the handler's transaction was rolled back by the database before it could \
-             commit (an error inside the handler was not propagated); nothing of it was \
-             committed, so the message must be redelivered",
-        )),
-    )
 }

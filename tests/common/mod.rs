@@ -6,9 +6,10 @@
 #![allow(dead_code)]
 
 use std::io::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use diesel::connection::InstrumentationEvent;
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
@@ -17,11 +18,6 @@ use tokio::sync::{Barrier, Notify};
 /// A database a test has to itself.
 pub trait TestDb: Clone + Send + Sync + 'static {
     type Conn: AsyncConnection<Backend: InboxBackend> + 'static;
-
-    /// A condition over the inbox row, in this backend's dialect, that holds when
-    /// `processed_at` is at least 90 ms after `received_at` (or, where the clock has
-    /// whole seconds, not before it).
-    const PROCESSED_AFTER_A_SLOW_BODY: &'static str;
 
     fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
 
@@ -562,6 +558,89 @@ pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
     assert_eq!(classify(&error), ErrorClass::InboxDuplicate);
 }
 
+#[idempotent(consumer = "adaptive", key = credit.message_id.as_str())]
+pub async fn adaptive_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await
+}
+
+/// Delivers `credit` to [`adaptive_credit`]; also says whether the call read the inbox
+/// before opening its transaction, judged by the first statement it sent.
+async fn deliver_adaptive<C>(
+    conn: &mut C,
+    statements: &Mutex<Vec<String>>,
+    credit: &Credit,
+) -> (Outcome<()>, bool)
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    statements.lock().unwrap().clear();
+    let outcome = adaptive_credit(conn, credit).await.unwrap();
+    let first = statements
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .unwrap_or_default();
+    (outcome, first.contains("EXISTS"))
+}
+
+/// By default a handler reads first only while duplicates are common: never for new
+/// messages, soon after a replay starts, and no longer once new messages return.
+pub async fn fast_path_adapts_to_duplicates<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let statements = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&statements);
+    conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+        if let InstrumentationEvent::StartQuery { query, .. } = event {
+            log.lock().unwrap().push(query.to_string());
+        }
+    });
+    let messages: Vec<Credit> = (0..100)
+        .map(|n| Credit {
+            message_id: format!("adaptive-{n}"),
+            account: 0,
+        })
+        .collect();
+
+    let mut reads = 0;
+    for message in &messages[..50] {
+        let (outcome, read_first) = deliver_adaptive(&mut conn, &statements, message).await;
+        assert_eq!(outcome, Outcome::Processed(()));
+        reads += usize::from(read_first);
+    }
+    assert_eq!(reads, 0, "new messages read first");
+
+    let mut replay = Vec::new();
+    for message in &messages[..50] {
+        let (outcome, read_first) = deliver_adaptive(&mut conn, &statements, message).await;
+        assert_eq!(outcome, Outcome::Duplicate);
+        replay.push(read_first);
+    }
+    let switched_on = replay.iter().position(|&read| read);
+    assert!(
+        matches!(switched_on, Some(5..=10)) && replay[10..].iter().all(|&read| read),
+        "replay read first: {replay:?}"
+    );
+
+    let mut after = Vec::new();
+    for message in &messages[50..] {
+        let (outcome, read_first) = deliver_adaptive(&mut conn, &statements, message).await;
+        assert_eq!(outcome, Outcome::Processed(()));
+        after.push(read_first);
+    }
+    assert!(
+        after[..30].iter().all(|&read| read) && !after[40..].iter().any(|&read| read),
+        "new messages after the replay read first: {after:?}"
+    );
+    assert_eq!(balances(&db, 1).await, vec![100]);
+}
+
 /// Every scenario that holds on all three backends, as one `#[tokio::test]` each.
 #[macro_export]
 macro_rules! common_scenarios {
@@ -576,7 +655,7 @@ macro_rules! common_scenarios {
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,
             migrate_is_idempotent_and_concurrent,
-            processed_at_follows_the_body,
+            fast_path_adapts_to_duplicates,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -604,31 +683,4 @@ macro_rules! common_scenarios {
             }
         }
     )*};
-}
-
-#[idempotent(consumer = "slow", key = credit.message_id.as_str())]
-pub async fn slow_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    apply(conn, credit).await?;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    Ok(())
-}
-
-/// `processed_at` records when the body finished, `received_at` the marker insert.
-pub async fn processed_at_follows_the_body<D: TestDb>(db: D) {
-    create_tables(&db, 1).await;
-    let mut conn = db.connect().await;
-    let message = Credit::new(0);
-    assert_eq!(
-        slow_credit(&mut conn, &message).await.unwrap(),
-        Outcome::Processed(())
-    );
-    let query = format!(
-        "SELECT COUNT(*) FROM inbox WHERE {}",
-        D::PROCESSED_AFTER_A_SLOW_BODY
-    );
-    assert_eq!(D::count(&mut conn, &query).await.unwrap(), 1, "{query}");
 }

@@ -29,6 +29,17 @@ macro_rules! shared_statements {
             async move { Ok(::diesel_async::RunQueryDsl::execute(insert, conn).await? == 1) }
         }
     };
+    (@ commit) => {
+        fn commit<'c, C>(
+            conn: &'c mut C,
+            marker: &$crate::backend::sealed::Marker,
+        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<()>> + Send + use<'c, C>
+        where
+            C: ::diesel_async::AsyncConnection<Backend = Self>,
+        {
+            $crate::backend::queries::shared::commit_if_marker_there(conn, marker)
+        }
+    };
     (@ already_processed) => {
         fn already_processed<'c, C>(
             conn: &'c mut C,
@@ -62,6 +73,34 @@ mod queries;
 pub trait InboxBackend: diesel::backend::Backend + sealed::Backend {}
 
 impl<DB: diesel::backend::Backend + sealed::Backend> InboxBackend for DB {}
+
+/// The transaction the marker was inserted in is gone: the database rolled it back (a
+/// MySQL deadlock does this, a PostgreSQL error aborts it) and the handler carried on
+/// past the error. Nothing of it can commit, so the message must be redelivered.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn rolled_back_underneath() -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::SerializationFailure,
+        Box::new(String::from(
+            "the handler's transaction was rolled back by the database before it could \
+             commit (an error inside the handler was not propagated); nothing of it was \
+             committed, so the message must be redelivered",
+        )),
+    )
+}
+
+/// Rolls back the transaction that `error` ended the use of, and returns `error`: it
+/// explains more than a failed rollback, which marks the connection broken for its pool.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+    error: diesel::result::Error,
+) -> diesel::result::Error {
+    let _already_broken =
+        <C::TransactionManager as diesel_async::TransactionManager<C>>::rollback_transaction(conn)
+            .await;
+    error
+}
 
 pub(crate) mod sealed {
     use std::future::Future;
@@ -99,12 +138,14 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Stamps `processed_at`; returns how many rows matched (1 unless the
-        /// transaction was rolled back underneath the handler).
-        fn mark_processed<'c, C>(
+        /// Commits the transaction the marker was inserted in, after checking that the
+        /// database has not rolled it back underneath a handler that carried on past the
+        /// error: committing then would commit nothing, and `Processed` would lose the
+        /// message. On `Err` the transaction is over, rolled back.
+        fn commit<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, Self, C>
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;
 

@@ -45,29 +45,13 @@ mod imp {
     use diesel::result::{DatabaseErrorKind, Error};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::{plain_insert, shared};
+    use super::super::queries::plain_insert;
     use super::super::sealed::{self, Marker};
     use super::names_inbox_index;
     use crate::schema::INDEX_NAME;
 
     impl sealed::Backend for diesel::mysql::Mysql {
-        shared_statements!(already_processed);
-
-        fn mark_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            // Plain `CURRENT_TIMESTAMP` would drop the microseconds the column keeps.
-            shared::mark_processed(
-                conn,
-                marker,
-                // The precision must be a literal: MySQL takes no parameter there.
-                diesel::dsl::sql::<diesel::sql_types::Timestamp>("CURRENT_TIMESTAMP(6)"),
-            )
-        }
+        shared_statements!(already_processed, commit);
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,

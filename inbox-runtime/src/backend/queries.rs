@@ -33,12 +33,6 @@ pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     ))
 }
 
-/// `UPDATE inbox SET processed_at = <clock> WHERE <marker>`.
-pub(super) type StampProcessed<Clock> = diesel::dsl::Update<
-    marker_row,
-    diesel::dsl::Eq<inbox::processed_at, diesel::dsl::Nullable<Clock>>,
->;
-
 /// The queries every backend shares, generic so that each backend module states only
 /// what differs. Their bounds hold for every supported backend.
 pub(super) mod shared {
@@ -55,20 +49,29 @@ pub(super) mod shared {
         marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
     }
 
-    /// Stamps `processed_at` with `clock`, each backend's expression for the current
-    /// time at the precision of its column.
-    pub(in crate::backend) fn mark_processed<'c, C, Clock>(
+    /// Commits, once the marker is seen still there: that proves the transaction is the
+    /// one it was inserted in, not a fresh one after the database rolled that back.
+    /// (PostgreSQL commits its own way.)
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    pub(in crate::backend) fn commit_if_marker_there<'c, C>(
         conn: &'c mut C,
         marker: &Marker,
-        clock: Clock,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C, Clock>
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
     where
         C: AsyncConnection,
-        Clock: Expression<SqlType = diesel::sql_types::Timestamp> + AppearsOnTable<inbox::table>,
-        StampProcessed<Clock>: diesel_async::methods::ExecuteDsl<C> + Send + 'static,
+        marker_exists: LoadQuery<'static, C, bool> + Send + 'static,
     {
-        diesel::update(marker_row(marker.message_id.clone(), marker.consumer))
-            .set(inbox::processed_at.eq(clock.nullable()))
-            .execute(conn)
+        use diesel_async::TransactionManager;
+
+        use crate::backend::{roll_back_for, rolled_back_underneath};
+
+        let marker_there = marker_exists(marker.message_id.clone(), marker.consumer);
+        async move {
+            match marker_there.get_result(&mut *conn).await {
+                Ok(true) => C::TransactionManager::commit_transaction(conn).await,
+                Ok(false) => Err(roll_back_for(conn, rolled_back_underneath()).await),
+                Err(error) => Err(roll_back_for(conn, error).await),
+            }
+        }
     }
 }

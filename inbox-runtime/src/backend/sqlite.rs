@@ -20,27 +20,13 @@ pub(crate) fn is_transient(message: &str) -> bool {
 
 #[cfg(feature = "sqlite")]
 mod imp {
-    use std::future::Future;
-
     use diesel::QueryResult;
     use diesel_async::AsyncConnection;
 
-    use super::super::queries::shared;
-    use super::super::sealed::{self, Marker};
+    use super::super::sealed;
 
     impl sealed::Backend for diesel::sqlite::Sqlite {
-        shared_statements!(already_processed, insert_marker);
-
-        fn mark_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &Marker,
-        ) -> impl Future<Output = QueryResult<usize>> + Send + use<'c, C>
-        where
-            C: AsyncConnection<Backend = Self>,
-        {
-            // Whole seconds, like the default of `received_at`.
-            shared::mark_processed(conn, marker, diesel::dsl::now)
-        }
+        shared_statements!(already_processed, commit, insert_marker);
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
         where

@@ -7,8 +7,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     message_id VARBINARY(512) NOT NULL,
     consumer VARBINARY(200) NOT NULL,
-    received_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-    processed_at DATETIME(6) NULL,
+    processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     -- The name is part of the contract: diesel_inbox::classify matches it.
     UNIQUE KEY ux_inbox_message_consumer (message_id, consumer)
 ) ENGINE = InnoDB;

@@ -4,8 +4,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     id INTEGER PRIMARY KEY,
     message_id TEXT NOT NULL,
     consumer TEXT NOT NULL,
-    received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    processed_at TIMESTAMP
+    processed_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
 );
 -- The name is part of the contract: diesel_inbox::classify matches it.
 CREATE UNIQUE INDEX IF NOT EXISTS ux_inbox_message_consumer ON inbox (message_id, consumer);
