@@ -6,7 +6,7 @@
 //!
 //! The SQL for each backend ships as diesel-CLI migration folders under `migrations/`
 //! in this crate's repository, and [`migrate`](crate::migrate) runs the same SQL.
-//! PostgreSQL stores the timestamps as `timestamptz`, which reads back through the
+//! PostgreSQL stores `processed_at` as `timestamptz`, which reads back through the
 //! `Timestamp` SQL type as UTC; MySQL keeps microseconds in the session's time zone;
 //! SQLite keeps whole seconds of UTC.
 

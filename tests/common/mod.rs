@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel::connection::InstrumentationEvent;
-use diesel::result::Error;
+use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
@@ -448,6 +448,54 @@ pub async fn business_unique_violation_is_not_a_duplicate<D: TestDb>(db: D) {
     );
 }
 
+/// Applies the credit and records a ledger entry for the account unless one is there:
+/// the insert runs in a nested transaction, a savepoint, so that its failure leaves the
+/// handler's transaction usable.
+#[idempotent(consumer = "ledger-once", key = credit.message_id.as_str())]
+pub async fn credit_with_ledger_entry_once<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    apply(conn, credit).await?;
+    let entry = format!(
+        "INSERT INTO ledger (entry) VALUES ('account-{}')",
+        credit.account
+    );
+    match conn
+        .transaction(async |conn| conn.batch_execute(&entry).await)
+        .await
+    {
+        Ok(()) | Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(()),
+        Err(other) => Err(other),
+    }
+}
+
+/// A body may recover from a failed statement inside a savepoint: the handler's
+/// transaction stays usable and commits.
+pub async fn savepoint_in_the_body_isolates_a_failed_statement<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    for n in 0..2 {
+        let message = Credit {
+            message_id: format!("m-{n}"),
+            account: 0,
+        };
+        assert_eq!(
+            credit_with_ledger_entry_once(&mut conn, &message)
+                .await
+                .unwrap(),
+            Outcome::Processed(()),
+            "message {n}"
+        );
+    }
+    assert_eq!(balances(&db, 1).await, vec![2]);
+    for (table, rows) in [("inbox", 2), ("ledger", 1)] {
+        let query = format!("SELECT COUNT(*) FROM {table}");
+        assert_eq!(D::count(&mut conn, &query).await.unwrap(), rows, "{table}");
+    }
+}
+
 /// A raw second insert of the same marker is recognised by its index.
 pub async fn inbox_unique_violation_is_classified<D: TestDb>(db: D) {
     create_tables(&db, 0).await;
@@ -651,6 +699,7 @@ macro_rules! common_scenarios {
             failure_rolls_back_everything,
             consumers_are_independent,
             business_unique_violation_is_not_a_duplicate,
+            savepoint_in_the_body_isolates_a_failed_statement,
             inbox_unique_violation_is_classified,
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,
