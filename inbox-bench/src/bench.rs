@@ -4,17 +4,19 @@
 //! the ratios within a consumer count see the same machine state; with several rounds,
 //! each round sweeps everything again. The pre-filled variants come last: their inbox
 //! is loaded once per size, grown from the smallest size to the largest, and measured at
-//! every consumer count, round after round.
+//! every consumer count, round after round. Where pgbench is at hand, its reference rows
+//! run in each round after the variants on an empty inbox.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 
 use crate::cli::{Backend, Plan};
 use crate::connection::{BenchConnection, connect};
+use crate::pgbench::{Pgbench, Script};
 use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
-use crate::runner::{self, Run};
+use crate::runner::{self, Run, Tally};
 use crate::setup;
 use crate::target::Target;
 use crate::variant::{Variant, count_label};
@@ -48,6 +50,8 @@ pub struct BackendRun {
     pub server: ServerInfo,
     pub measurements: Vec<Measurement>,
     pub prefilled: Vec<IndexShape>,
+    /// The version of the pgbench that measured the reference rows, if any did.
+    pub pgbench: Option<String>,
     pub elapsed: Duration,
 }
 
@@ -95,9 +99,11 @@ impl BackendRun {
     }
 }
 
+/// Measures every variant of `plan` on `target`, and with `pgbench` its reference rows.
 pub async fn run_backend<C: BenchConnection>(
     target: &Target,
     plan: &Plan,
+    pgbench: Option<&Pgbench>,
     progress: &Progress,
 ) -> anyhow::Result<BackendRun> {
     let began = Instant::now();
@@ -127,6 +133,23 @@ pub async fn run_backend<C: BenchConnection>(
                 workload,
             };
             measurements.push(step.measure(&mut admin, progress).await?);
+        }
+        if let Some(pgbench) = pgbench {
+            for script in Script::ALL {
+                setup::reset(&mut admin).await?;
+                let reference = Reference {
+                    pgbench,
+                    target,
+                    script,
+                    consumers,
+                    round,
+                };
+                measurements.push(
+                    reference
+                        .measure(&mut admin, plan.messages, progress)
+                        .await?,
+                );
+            }
         }
     }
 
@@ -169,6 +192,7 @@ pub async fn run_backend<C: BenchConnection>(
         server,
         measurements,
         prefilled,
+        pgbench: pgbench.map(|pgbench| pgbench.version.clone()),
         elapsed: began.elapsed(),
     })
 }
@@ -188,12 +212,7 @@ impl Step<'_> {
         admin: &mut C,
         progress: &Progress,
     ) -> anyhow::Result<Measurement> {
-        let name = format!(
-            "{}, {} consumer(s), {}",
-            C::BACKEND.name(),
-            self.consumers,
-            self.variant.label()
-        );
+        let name = step_name(C::BACKEND, self.consumers, self.variant);
         setup::checkpoint(admin).await?;
         let mut connections = Vec::with_capacity(self.consumers);
         for _ in 0..self.consumers {
@@ -235,4 +254,70 @@ impl Step<'_> {
         );
         Ok(())
     }
+}
+
+/// One pgbench reference measurement.
+struct Reference<'a> {
+    pgbench: &'a Pgbench,
+    target: &'a Target,
+    script: Script,
+    consumers: usize,
+    round: u32,
+}
+
+impl Reference<'_> {
+    /// Runs the script with one pgbench client per consumer, each taking an equal share
+    /// of `messages` (at least one), after the checkpoint a [`Step`] takes too.
+    async fn measure<C: BenchConnection>(
+        self,
+        admin: &mut C,
+        messages: u64,
+        progress: &Progress,
+    ) -> anyhow::Result<Measurement> {
+        let variant = Variant::Pgbench(self.script);
+        let name = step_name(C::BACKEND, self.consumers, variant);
+        setup::checkpoint(admin).await?;
+        let per_client = (messages / self.consumers as u64).max(1);
+        let deliveries = per_client * self.consumers as u64;
+        let bar = progress.step(name.clone(), deliveries);
+        bar.set_message("(pgbench reports at the end)");
+        let tps = self
+            .pgbench
+            .run(self.target, self.script, self.consumers, per_client)
+            .await
+            .with_context(|| name.clone())?;
+        let measurement = Measurement {
+            variant,
+            consumers: self.consumers,
+            round: self.round,
+            deliveries,
+            run: Run {
+                // The time pgbench counted, so that msg/s is its tps.
+                elapsed: Duration::from_secs_f64(deliveries as f64 / tps),
+                tally: Tally {
+                    processed: deliveries,
+                    ..Tally::default()
+                },
+                statements: deliveries * self.script.statements(),
+            },
+            // pgbench's connections are not the harness's, so there is nothing to probe.
+            diagnostics: Diagnostics::default(),
+        };
+        progress.finish_step(
+            bar,
+            format!("{name}: {:.0} msg/s", measurement.per_second()),
+        );
+        progress.measured();
+        Ok(measurement)
+    }
+}
+
+/// `PostgreSQL, 8 consumer(s), (4) #[idempotent]`: a measurement's name in progress
+/// lines and errors.
+fn step_name(backend: Backend, consumers: usize, variant: Variant) -> String {
+    format!(
+        "{}, {consumers} consumer(s), {}",
+        backend.name(),
+        variant.label()
+    )
 }

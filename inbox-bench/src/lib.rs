@@ -8,6 +8,7 @@ mod chart;
 pub mod cli;
 mod connection;
 mod machine;
+mod pgbench;
 mod probe;
 mod progress;
 mod report;
@@ -21,15 +22,18 @@ use anyhow::bail;
 use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 
 pub use cli::{Args, Backend, Plan};
+pub use pgbench::Script;
 pub use variant::Variant;
 
 use crate::connection::SqliteConn;
 use crate::machine::Machine;
+use crate::pgbench::Pgbench;
 use crate::progress::Progress;
 use crate::target::Target;
 
 /// Runs every measurement of `plan`, writes the report and the chart, and returns the
-/// backends measured (a server backend without its URL is skipped).
+/// backends measured (a server backend without its URL is skipped, and so are the pgbench
+/// reference rows without pgbench).
 pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
     let machine = Machine::probe();
     let mut targets = Vec::new();
@@ -40,26 +44,42 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
             Err(reason) => skipped.push(reason),
         }
     }
+    // The pgbench reference rows need PostgreSQL.
+    let mut pgbench = None;
+    if targets
+        .iter()
+        .any(|target| target.backend() == Backend::Postgres)
+    {
+        match Pgbench::find() {
+            Ok(found) => pgbench = Some(found),
+            Err(reason) => skipped.push(reason),
+        }
+    }
     for reason in &skipped {
         eprintln!("{reason}");
     }
     if targets.is_empty() {
         bail!("no backend to measure");
     }
-    let per_backend = plan.consumers.len() * plan.variants().len() * plan.rounds as usize;
-    let progress = Progress::new((targets.len() * per_backend) as u64);
+    let sweeps = plan.consumers.len() * plan.rounds as usize;
+    let references = pgbench.as_ref().map_or(0, |_| Script::ALL.len());
+    let measurements = targets.len() * plan.variants().len() * sweeps + references * sweeps;
+    let progress = Progress::new(measurements as u64);
 
     let mut runs = Vec::new();
     for target in targets {
         target.create().await?;
         let measured = match target.backend() {
             Backend::Postgres => {
-                bench::run_backend::<AsyncPgConnection>(&target, plan, &progress).await
+                bench::run_backend::<AsyncPgConnection>(&target, plan, pgbench.as_ref(), &progress)
+                    .await
             }
             Backend::Mysql => {
-                bench::run_backend::<AsyncMysqlConnection>(&target, plan, &progress).await
+                bench::run_backend::<AsyncMysqlConnection>(&target, plan, None, &progress).await
             }
-            Backend::Sqlite => bench::run_backend::<SqliteConn>(&target, plan, &progress).await,
+            Backend::Sqlite => {
+                bench::run_backend::<SqliteConn>(&target, plan, None, &progress).await
+            }
         };
         // Clean up even after a failed measurement, but report the measurement's error.
         let removed = target.remove().await;

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use crate::bench::{BackendRun, Measurement};
 use crate::cli::{Backend, Plan};
 use crate::machine::Machine;
+use crate::pgbench::Script;
 use crate::variant::{Variant, count_label};
 
 /// The consumer count the issue's targets are stated at.
@@ -153,9 +154,12 @@ fn render_setup(
             .iter()
             .map(|(name, value)| format!("`{name}` = {value}"))
             .collect();
+        let reference = run.pgbench.as_ref().map_or_else(String::new, |version| {
+            format!("; reference rows (p1) and (p2) by {version}")
+        });
         let _ = writeln!(
             w,
-            "- {}: {} ({}); measured in {:.0} s",
+            "- {}: {} ({}); measured in {:.0} s{reference}",
             run.backend.name(),
             run.server.version,
             settings.join(", "),
@@ -225,16 +229,7 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
             let _ = writeln!(w, "| {target} | not measured | | |");
             continue;
         };
-        let ratios = postgres.ratios(goal.numerator, goal.denominator, TARGET_CONSUMERS);
-        let ratio = postgres
-            .ratio(goal.numerator, goal.denominator, TARGET_CONSUMERS)
-            .expect("both variants were measured");
-        let spread = match (ratios.first(), ratios.last()) {
-            (Some(low), Some(high)) if ratios.len() > 1 => {
-                format!("rounds {low:.2}–{high:.2}; ")
-            }
-            _ => String::new(),
-        };
+        let (ratio, measured) = measured_ratio(postgres, numerator, denominator);
         let verdict = if ratio >= goal.at_least {
             "met"
         } else {
@@ -242,15 +237,51 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
         };
         let _ = writeln!(
             w,
-            "| {target} | {:.2} ({spread}{:.0} / {:.0} msg/s) | {verdict} | {}; {} |",
-            ratio,
-            numerator.per_second(),
-            denominator.per_second(),
+            "| {target} | {measured} | {verdict} | {}; {} |",
             profile(numerator),
             profile(denominator),
         );
     }
     line(w, "");
+    // What the database allows, to read (4) / (1) against.
+    let [bare, marker] =
+        Script::ALL.map(|script| postgres.find(Variant::Pgbench(script), TARGET_CONSUMERS));
+    let reference = match (marker, bare) {
+        (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).1,
+        _ => "not measured".to_owned(),
+    };
+    let _ = writeln!(
+        w,
+        "Reference for (4) / (1): (p2) / (p1), the same statements sent by pgbench from C \
+         in this run (less the `SELECT 1` in COMMIT's round trip): {reference}."
+    );
+    line(w, "");
+}
+
+/// The ratio of two measurements' variants at their consumer count, computed as for
+/// the table, and written out with the rounds' spread and the median rounds' msg/s.
+fn measured_ratio(
+    run: &BackendRun,
+    numerator: &Measurement,
+    denominator: &Measurement,
+) -> (f64, String) {
+    let consumers = numerator.consumers;
+    let ratios = run.ratios(numerator.variant, denominator.variant, consumers);
+    let ratio = run
+        .ratio(numerator.variant, denominator.variant, consumers)
+        .expect("both variants were measured");
+    let spread = match (ratios.first(), ratios.last()) {
+        (Some(low), Some(high)) if ratios.len() > 1 => {
+            format!("rounds {low:.2}–{high:.2}; ")
+        }
+        _ => String::new(),
+    };
+    let text = format!(
+        "{ratio:.2} ({spread}{:.0} / {:.0} msg/s)",
+        numerator.per_second(),
+        denominator.per_second(),
+    );
+    (ratio, text)
 }
 
 /// The variant's number and, where it has one, its parameter: `(4)`, `(5, 100%)`.
@@ -326,8 +357,14 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         (if left { "---" } else { "---:" }).to_owned()
     });
     table_row(w, rule);
+    // The pgbench rows are found on PostgreSQL only, when pgbench was at hand.
+    let variants: Vec<Variant> = plan
+        .variants()
+        .into_iter()
+        .chain(Script::ALL.map(Variant::Pgbench))
+        .collect();
     for &consumers in &plan.consumers {
-        for variant in plan.variants() {
+        for &variant in &variants {
             let Some(m) = run.find(variant, consumers) else {
                 continue;
             };
@@ -427,7 +464,12 @@ fn render_legend(w: &mut String) {
          flow, on a table of its own modelled on its `InboxState`: insert the row and \
          commit, then a serializable transaction that locks the row with `SELECT … FOR \
          UPDATE` (`BEGIN IMMEDIATE` on SQLite), credits and sets its `consumed_at`. (7) \
-         `#[idempotent]` over an inbox already holding that many markers.",
+         `#[idempotent]` over an inbox already holding that many markers. (p1) and (p2), \
+         on PostgreSQL where pgbench is on PATH: (1)'s statements, and (4)'s less the \
+         `SELECT 1`, run by pgbench (`-M prepared`, one client per consumer, on the run's \
+         own tables, in every round beside the variants), so (p2) / (p1) is what the \
+         database allows a marker insert without diesel or the harness; their diagnostics \
+         are left empty.",
         "**vs (1)**: throughput relative to (1) at the same consumer count; with several \
          rounds, the median of the ratios within each round.",
         "**statements/msg**: statements the consumers sent per delivery, BEGIN and COMMIT \
@@ -472,5 +514,6 @@ mod tests {
             "(5, 100% dups)"
         );
         assert_eq!(short(Variant::Prefilled { rows: 10_000_000 }), "(7, 10M)");
+        assert_eq!(short(Variant::Pgbench(Script::MarkerInsert)), "(p2)");
     }
 }

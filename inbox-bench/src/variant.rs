@@ -9,6 +9,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel_inbox::{Outcome, idempotent};
 
 use crate::connection::BenchConnection;
+use crate::pgbench::Script;
 use crate::workload::{Delivery, Workload};
 
 /// The consumer of [`idempotent_credit`]. The attribute needs a literal, so it is spelled
@@ -41,6 +42,8 @@ pub enum Variant {
     PeerFlow,
     /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
     Prefilled { rows: u64 },
+    /// (p1) and (p2): a reference run by pgbench, on PostgreSQL only.
+    Pgbench(Script),
 }
 
 impl Variant {
@@ -68,6 +71,8 @@ impl Variant {
             Self::Prefilled { rows } => {
                 format!("(7) #[idempotent], {} rows in inbox", count_label(rows))
             }
+            Self::Pgbench(Script::Bare) => "(p1) pgbench: bare transaction".to_owned(),
+            Self::Pgbench(Script::MarkerInsert) => "(p2) pgbench: marker insert + bare".to_owned(),
         }
     }
 
@@ -94,6 +99,7 @@ impl Variant {
             Self::Duplicates { .. } => duplicated_credit(conn, delivery).await,
             Self::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
             Self::PeerFlow => peer_flow(conn, delivery).await,
+            Self::Pgbench(_) => unreachable!("pgbench runs its script on connections of its own"),
         }
     }
 }

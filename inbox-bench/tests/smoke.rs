@@ -1,9 +1,11 @@
 //! The harness's smoke mode, run in-process: SQLite always, PostgreSQL and MySQL when
-//! `POSTGRES_URL` and `MYSQL_URL` are set. It proves the harness works end to end; it
-//! never asserts a speed.
+//! `POSTGRES_URL` and `MYSQL_URL` are set, with pgbench's reference rows where pgbench is
+//! on PATH. It proves the harness works end to end; it never asserts a speed.
+
+use std::process::Command;
 
 use clap::Parser as _;
-use inbox_bench::{Args, Backend, Plan};
+use inbox_bench::{Args, Backend, Plan, Script, Variant};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
@@ -31,14 +33,23 @@ async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
     let measured = inbox_bench::run(&plan).await.expect("smoke run");
 
     assert!(measured.contains(&Backend::Sqlite), "{measured:?}");
+    let pgbench = Command::new("pgbench").arg("--version").output();
+    let pgbench_rows = match pgbench {
+        Ok(output) if output.status.success() => Script::ALL.map(Variant::Pgbench).to_vec(),
+        _ => Vec::new(),
+    };
     let report = std::fs::read_to_string(&output).expect("report written");
     for backend in &measured {
         let section = report
             .split("\n## ")
             .find(|section| section.starts_with(backend.name()))
             .unwrap_or_else(|| panic!("no section for {}:\n{report}", backend.name()));
+        let mut variants = plan.variants();
+        if *backend == Backend::Postgres {
+            variants.extend(&pgbench_rows);
+        }
         for &consumers in &plan.consumers {
-            for variant in plan.variants() {
+            for &variant in &variants {
                 let row = format!("| {consumers} | {} | ", variant.label());
                 assert!(
                     section.lines().any(|line| line.starts_with(&row)),
