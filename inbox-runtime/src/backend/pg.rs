@@ -14,6 +14,10 @@ pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
     info.constraint_name() == Some(INDEX_NAME)
 }
 
+/// How the message of 25P02 begins: a statement in a transaction that an earlier error
+/// aborted.
+const ABORTED_TRANSACTION: &str = "current transaction is aborted";
+
 /// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by
 /// (in the server's `lc_messages` language; these are the English texts): 40P01
 /// deadlock, 55P03 lock not available, and 25P02, a transaction aborted by an earlier
@@ -23,7 +27,7 @@ pub(crate) fn is_transient(message: &str) -> bool {
         "deadlock detected",
         "could not obtain lock",
         "canceling statement due to lock timeout",
-        "current transaction is aborted",
+        ABORTED_TRANSACTION,
         "terminating connection",
     ]
     .iter()
@@ -41,6 +45,7 @@ mod imp {
 
     use super::super::sealed::{self, Marker};
     use super::super::{roll_back_for, rolled_back_underneath};
+    use super::ABORTED_TRANSACTION;
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
     /// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
@@ -105,7 +110,7 @@ mod imp {
         matches!(
             error,
             Error::DatabaseError(DatabaseErrorKind::Unknown, info)
-                if info.message().starts_with("current transaction is aborted")
+                if info.message().starts_with(ABORTED_TRANSACTION)
         )
     }
 }
