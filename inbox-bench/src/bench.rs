@@ -121,7 +121,7 @@ pub async fn run_backend<C: BenchConnection>(
 
     let mut measurements = Vec::new();
     for (round, consumers) in plan.consumer_rounds() {
-        for variant in Variant::EMPTY_INBOX {
+        for &variant in &plan.empty_inbox {
             setup::reset(&mut admin).await?;
             let workload = variant.workload(seed(), plan.messages);
             setup::pre_mark(&mut admin, &workload).await?;
@@ -135,7 +135,7 @@ pub async fn run_backend<C: BenchConnection>(
             measurements.push(step.measure(&mut admin, progress).await?);
         }
         if let Some(pgbench) = pgbench {
-            for script in Script::ALL {
+            for &script in &plan.references {
                 setup::reset(&mut admin).await?;
                 let reference = Reference {
                     pgbench,

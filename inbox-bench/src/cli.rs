@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 
+use crate::pgbench::Script;
 use crate::variant::Variant;
 
 /// Measures what exactly-once costs: `#[idempotent]` against its alternatives, on
@@ -32,6 +33,12 @@ pub struct Args {
     /// numbers work), or `none` [default: 1M,10M, or 10k with --smoke].
     #[arg(long, value_parser = parse_prefill)]
     pub prefill: Option<Prefill>,
+
+    /// Variants to measure, comma-separated, by their numbers in the report: 1, 2, 3,
+    /// 4, 4b, 5, 6, 7 and the pgbench references p1, p2 [default: all]. A subset
+    /// shortens a run taken to compare a few of them, such as `1,3,4,p1,p2`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_variant_number)]
+    pub variants: Vec<String>,
 
     /// Times every measurement is repeated; the report gives the median and the range.
     /// Rounds are interleaved (each sweeps all variants), so a burst of other load on
@@ -92,7 +99,12 @@ pub struct Plan {
     pub consumers: Vec<usize>,
     pub messages: u64,
     pub rounds: u32,
+    /// Inbox sizes for variant 7; empty when it is not measured.
     pub prefill: Vec<u64>,
+    /// The variants measured on an emptied inbox, in report order.
+    pub empty_inbox: Vec<Variant>,
+    /// The pgbench reference rows to run where pgbench is at hand.
+    pub references: Vec<Script>,
     pub smoke: bool,
     pub output: PathBuf,
     pub chart: PathBuf,
@@ -142,12 +154,26 @@ impl Plan {
         // Variant 7 grows one inbox from the smallest size to the largest.
         prefill.sort_unstable();
         prefill.dedup();
+        let chosen = |variant: Variant| {
+            args.variants.is_empty() || args.variants.contains(&variant.number().to_owned())
+        };
+        if !chosen(Variant::Prefilled { rows: 0 }) {
+            prefill.clear();
+        }
         Ok(Self {
             backends,
             consumers,
             messages,
             rounds: args.rounds,
             prefill,
+            empty_inbox: Variant::EMPTY_INBOX
+                .into_iter()
+                .filter(|&v| chosen(v))
+                .collect(),
+            references: Script::ALL
+                .into_iter()
+                .filter(|&script| chosen(Variant::Pgbench(script)))
+                .collect(),
             smoke: args.smoke,
             output: args.output,
             chart: args.chart,
@@ -160,11 +186,22 @@ impl Plan {
         (0..self.rounds).flat_map(|round| self.consumers.iter().map(move |&c| (round, c)))
     }
 
-    /// Every variant, in report order.
+    /// Every variant the harness measures itself, in report order.
     pub fn variants(&self) -> Vec<Variant> {
-        let mut variants = Variant::EMPTY_INBOX.to_vec();
+        let mut variants = self.empty_inbox.clone();
         variants.extend(self.prefill.iter().map(|&rows| Variant::Prefilled { rows }));
         variants
+    }
+}
+
+/// One of the numbers the report gives its variants: `4b`, `p1`.
+fn parse_variant_number(text: &str) -> anyhow::Result<String> {
+    let number = text.trim();
+    let known = Variant::NUMBERS;
+    if known.contains(&number) {
+        Ok(number.to_owned())
+    } else {
+        bail!("`{number}` is not a variant; they are {}", known.join(", "))
     }
 }
 
@@ -261,5 +298,37 @@ mod tests {
         assert_eq!(plan.messages, 100);
         assert_eq!(plan.prefill, vec![10_000]);
         assert_eq!(plan.backends, Backend::ALL.to_vec());
+        assert_eq!(plan.variants().len(), Variant::EMPTY_INBOX.len() + 1);
+        assert_eq!(plan.references, Script::ALL.to_vec());
+    }
+
+    #[test]
+    fn variants_can_be_chosen_by_number() {
+        let args = Args::try_parse_from(["inbox-bench", "--variants", "4,1,p2,5"]).unwrap();
+        let plan = Plan::new(args, &[]).unwrap();
+        assert_eq!(
+            plan.variants(),
+            vec![
+                Variant::Bare,
+                Variant::Idempotent,
+                Variant::Duplicates { percent: 50 },
+                Variant::Duplicates { percent: 100 },
+            ]
+        );
+        assert_eq!(plan.references, vec![Script::MarkerInsert]);
+        assert!(plan.prefill.is_empty(), "variant 7 was not chosen");
+
+        let args = Args::try_parse_from(["inbox-bench", "--variants", "7", "--prefill", "1M"]);
+        let plan = Plan::new(args.unwrap(), &[]).unwrap();
+        assert_eq!(
+            plan.variants(),
+            vec![Variant::Prefilled { rows: 1_000_000 }]
+        );
+
+        let error = Args::try_parse_from(["inbox-bench", "--variants", "4c"]).unwrap_err();
+        assert!(
+            error.to_string().contains("`4c` is not a variant"),
+            "{error}"
+        );
     }
 }

@@ -62,7 +62,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
         bail!("no backend to measure");
     }
     let sweeps = plan.consumers.len() * plan.rounds as usize;
-    let references = pgbench.as_ref().map_or(0, |_| Script::ALL.len());
+    let references = pgbench.as_ref().map_or(0, |_| plan.references.len());
     let measurements = targets.len() * plan.variants().len() * sweeps + references * sweeps;
     let progress = Progress::new(measurements as u64);
 

@@ -310,12 +310,11 @@ fn measured_ratio(
 
 /// The variant's number and, where it has one, its parameter: `(4)`, `(5, 100%)`.
 fn short(variant: Variant) -> String {
-    let label = variant.label();
-    let number = label.split(' ').next().unwrap_or_default();
+    let number = variant.number();
     match variant {
-        Variant::Duplicates { percent } => format!("(5, {percent}% dups)"),
-        Variant::Prefilled { rows } => format!("(7, {})", count_label(rows)),
-        _ => number.to_owned(),
+        Variant::Duplicates { percent } => format!("({number}, {percent}% dups)"),
+        Variant::Prefilled { rows } => format!("({number}, {})", count_label(rows)),
+        _ => format!("({number})"),
     }
 }
 
@@ -385,7 +384,11 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
     let variants: Vec<Variant> = plan
         .variants()
         .into_iter()
-        .chain(Script::ALL.map(Variant::Pgbench))
+        .chain(
+            plan.references
+                .iter()
+                .map(|&script| Variant::Pgbench(script)),
+        )
         .collect();
     for &consumers in &plan.consumers {
         for &variant in &variants {

@@ -3,6 +3,7 @@
 //! other users of the same server comes from the schema or database.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::Context as _;
 use diesel_async::{
@@ -32,8 +33,14 @@ pub enum Target {
 impl Target {
     /// The target for `backend`, or why it is skipped.
     pub fn from_env(backend: Backend) -> anyhow::Result<Result<Self, String>> {
-        // The pid keeps concurrent runs (a smoke test beside a real run) apart.
-        let name = format!("inbox_bench_{}", std::process::id());
+        // The pid keeps concurrent runs (a smoke test beside a real run) apart, the
+        // counter runs within one process (the smoke tests).
+        static TARGETS: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "inbox_bench_{}_{}",
+            std::process::id(),
+            TARGETS.fetch_add(1, Ordering::Relaxed)
+        );
         let server_url = |variable: &str, example: &str| match std::env::var(variable) {
             Ok(url) if !url.is_empty() => Ok(url),
             _ => Err(format!(

@@ -59,21 +59,42 @@ impl Variant {
         Self::PeerFlow,
     ];
 
-    pub fn label(self) -> String {
+    /// Every variant's number, as [`Variant::number`] gives it.
+    pub const NUMBERS: [&'static str; 10] = ["1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2"];
+
+    /// The number the report gives this variant: `4b`, `p1`. Both shares of
+    /// duplicates are variant 5, and every pre-filled size variant 7.
+    pub fn number(self) -> &'static str {
         match self {
-            Self::Bare => "(1) bare transaction".to_owned(),
-            Self::Naive => "(2) naive check-then-insert".to_owned(),
-            Self::HandWritten => "(3) hand-written inbox SQL".to_owned(),
-            Self::Idempotent => "(4) #[idempotent]".to_owned(),
-            Self::IdempotentReadingFirst => "(4b) #[idempotent], fast_path = true".to_owned(),
-            Self::Duplicates { percent } => format!("(5) #[idempotent], {percent}% duplicates"),
-            Self::PeerFlow => "(6) peer flow (two transactions)".to_owned(),
-            Self::Prefilled { rows } => {
-                format!("(7) #[idempotent], {} rows in inbox", count_label(rows))
-            }
-            Self::Pgbench(Script::Bare) => "(p1) pgbench: bare transaction".to_owned(),
-            Self::Pgbench(Script::MarkerInsert) => "(p2) pgbench: marker insert + bare".to_owned(),
+            Self::Bare => "1",
+            Self::Naive => "2",
+            Self::HandWritten => "3",
+            Self::Idempotent => "4",
+            Self::IdempotentReadingFirst => "4b",
+            Self::Duplicates { .. } => "5",
+            Self::PeerFlow => "6",
+            Self::Prefilled { .. } => "7",
+            Self::Pgbench(Script::Bare) => "p1",
+            Self::Pgbench(Script::MarkerInsert) => "p2",
         }
+    }
+
+    pub fn label(self) -> String {
+        let description = match self {
+            Self::Bare => "bare transaction".to_owned(),
+            Self::Naive => "naive check-then-insert".to_owned(),
+            Self::HandWritten => "hand-written inbox SQL".to_owned(),
+            Self::Idempotent => "#[idempotent]".to_owned(),
+            Self::IdempotentReadingFirst => "#[idempotent], fast_path = true".to_owned(),
+            Self::Duplicates { percent } => format!("#[idempotent], {percent}% duplicates"),
+            Self::PeerFlow => "peer flow (two transactions)".to_owned(),
+            Self::Prefilled { rows } => {
+                format!("#[idempotent], {} rows in inbox", count_label(rows))
+            }
+            Self::Pgbench(Script::Bare) => "pgbench: bare transaction".to_owned(),
+            Self::Pgbench(Script::MarkerInsert) => "pgbench: marker insert + bare".to_owned(),
+        };
+        format!("({}) {description}", self.number())
     }
 
     /// The deliveries of one measurement of this variant.

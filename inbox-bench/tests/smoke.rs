@@ -2,53 +2,33 @@
 //! `POSTGRES_URL` and `MYSQL_URL` are set, with pgbench's reference rows where pgbench is
 //! on PATH. It proves the harness works end to end; it never asserts a speed.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use clap::Parser as _;
 use inbox_bench::{Args, Backend, Plan, Script, Variant};
+use tempfile::TempDir;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let output = dir.path().join("BENCHMARKS.md");
-    let chart = dir.path().join("benchmarks.svg");
-    let argv: Vec<String> = [
-        "inbox-bench",
-        "--smoke",
-        "--messages",
-        "40",
-        "--consumers",
-        "1,4",
-        "--prefill",
-        "2k",
-        "--output",
-        output.to_str().expect("UTF-8 path"),
-        "--chart",
-        chart.to_str().expect("UTF-8 path"),
-    ]
-    .map(String::from)
-    .to_vec();
-    let plan = Plan::new(Args::try_parse_from(&argv).expect("arguments"), &argv).expect("plan");
+    let run = Run::new(&["--messages", "40", "--consumers", "1,4", "--prefill", "2k"]);
 
-    let measured = inbox_bench::run(&plan).await.expect("smoke run");
+    let measured = inbox_bench::run(&run.plan).await.expect("smoke run");
 
     assert!(measured.contains(&Backend::Sqlite), "{measured:?}");
-    let pgbench = Command::new("pgbench").arg("--version").output();
-    let pgbench_rows = match pgbench {
-        Ok(output) if output.status.success() => Script::ALL.map(Variant::Pgbench).to_vec(),
-        _ => Vec::new(),
+    let pgbench_rows = if pgbench_is_on_path() {
+        Script::ALL.map(Variant::Pgbench).to_vec()
+    } else {
+        Vec::new()
     };
-    let report = std::fs::read_to_string(&output).expect("report written");
+    let report = std::fs::read_to_string(&run.output).expect("report written");
     for backend in &measured {
-        let section = report
-            .split("\n## ")
-            .find(|section| section.starts_with(backend.name()))
-            .unwrap_or_else(|| panic!("no section for {}:\n{report}", backend.name()));
-        let mut variants = plan.variants();
+        let section = section(&report, *backend);
+        let mut variants = run.plan.variants();
         if *backend == Backend::Postgres {
             variants.extend(&pgbench_rows);
         }
-        for &consumers in &plan.consumers {
+        for &consumers in &run.plan.consumers {
             for &variant in &variants {
                 let row = format!("| {consumers} | {} | ", variant.label());
                 assert!(
@@ -59,7 +39,99 @@ async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
             }
         }
     }
-    let svg = std::fs::read_to_string(&chart).expect("chart written");
+    let svg = std::fs::read_to_string(&run.chart).expect("chart written");
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
     assert!(svg.contains("messages per second"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_of_chosen_variants_reports_only_those() {
+    let run = Run::new(&[
+        "--messages",
+        "20",
+        "--consumers",
+        "2",
+        "--variants",
+        "1,4,p2",
+    ]);
+
+    let measured = inbox_bench::run(&run.plan)
+        .await
+        .expect("run of chosen variants");
+
+    let report = std::fs::read_to_string(&run.output).expect("report written");
+    for backend in &measured {
+        let section = section(&report, *backend);
+        let rows: Vec<&str> = section
+            .lines()
+            .filter(|line| line.starts_with("| 2 | "))
+            .collect();
+        let mut expected = vec![Variant::Bare, Variant::Idempotent];
+        if *backend == Backend::Postgres && pgbench_is_on_path() {
+            expected.push(Variant::Pgbench(Script::MarkerInsert));
+        }
+        assert_eq!(rows.len(), expected.len(), "{}:\n{section}", backend.name());
+        for (row, variant) in rows.iter().zip(expected) {
+            assert!(
+                row.starts_with(&format!("| 2 | {} | ", variant.label())),
+                "{row}"
+            );
+        }
+    }
+    if measured.contains(&Backend::Postgres) {
+        assert!(
+            report.contains("| (4) / (3) ≥ 0.97 | not measured |"),
+            "{report}"
+        );
+    }
+}
+
+/// A smoke run's plan, writing into a directory of its own.
+struct Run {
+    plan: Plan,
+    output: PathBuf,
+    chart: PathBuf,
+    _dir: TempDir,
+}
+
+impl Run {
+    fn new(options: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let output = dir.path().join("BENCHMARKS.md");
+        let chart = dir.path().join("benchmarks.svg");
+        let paths = [
+            "--output",
+            output.to_str().expect("UTF-8 path"),
+            "--chart",
+            chart.to_str().expect("UTF-8 path"),
+        ];
+        let argv: Vec<String> = ["inbox-bench", "--smoke"]
+            .iter()
+            .chain(options)
+            .chain(&paths)
+            .map(|&arg| arg.to_owned())
+            .collect();
+        let args = Args::try_parse_from(&argv).expect("arguments");
+        Self {
+            plan: Plan::new(args, &argv).expect("plan"),
+            output,
+            chart,
+            _dir: dir,
+        }
+    }
+}
+
+/// The report's section on `backend`.
+fn section(report: &str, backend: Backend) -> &str {
+    report
+        .split("\n## ")
+        .find(|section| section.starts_with(backend.name()))
+        .unwrap_or_else(|| panic!("no section for {}:\n{report}", backend.name()))
+}
+
+fn pgbench_is_on_path() -> bool {
+    Command::new("pgbench")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success())
 }
