@@ -159,6 +159,8 @@ impl Plan {
         };
         if !chosen(Variant::Prefilled { rows: 0 }) {
             prefill.clear();
+        } else if prefill.is_empty() && !args.variants.is_empty() {
+            bail!("--variants 7 needs inbox sizes to pre-fill, such as --prefill 1M");
         }
         Ok(Self {
             backends,
@@ -324,6 +326,26 @@ mod tests {
             plan.variants(),
             vec![Variant::Prefilled { rows: 1_000_000 }]
         );
+
+        for number in Variant::NUMBERS {
+            let args = Args::try_parse_from(["inbox-bench", "--variants", number]).unwrap();
+            let plan = Plan::new(args, &[]).unwrap();
+            let measured = plan.variants().into_iter();
+            let numbers: Vec<_> = measured
+                .chain(
+                    plan.references
+                        .iter()
+                        .map(|&script| Variant::Pgbench(script)),
+                )
+                .map(Variant::number)
+                .collect();
+            assert!(
+                !numbers.is_empty() && numbers.iter().all(|&n| n == number),
+                "--variants {number} measures {numbers:?}"
+            );
+        }
+        let args = Args::try_parse_from(["inbox-bench", "--variants", "7", "--prefill", "none"]);
+        assert!(Plan::new(args.unwrap(), &[]).is_err());
 
         let error = Args::try_parse_from(["inbox-bench", "--variants", "4c"]).unwrap_err();
         assert!(
