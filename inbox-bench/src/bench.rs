@@ -78,8 +78,7 @@ impl BackendRun {
     /// ratio within each round. Variants of one round ran minutes apart at most, so a
     /// burst of other load that slows a whole round cancels out of its ratios.
     pub fn ratio(&self, variant: Variant, base: Variant, consumers: usize) -> Option<f64> {
-        let ratios = self.ratios(variant, base, consumers);
-        ratios.get(ratios.len().saturating_sub(1) / 2).copied()
+        median(&self.ratios(variant, base, consumers))
     }
 
     /// The ratio of `variant` to `base` in each round, smallest first.
@@ -97,6 +96,12 @@ impl BackendRun {
         ratios.sort_by(f64::total_cmp);
         ratios
     }
+}
+
+/// The middle of `sorted` (the smaller middle one of an even count), as the report takes
+/// it everywhere.
+pub fn median(sorted: &[f64]) -> Option<f64> {
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
 /// Measures every variant of `plan` on `target`, and with `pgbench` its reference rows.

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use crate::bench::{BackendRun, Measurement};
+use crate::bench::{self, BackendRun, Measurement};
 use crate::cli::{Backend, Plan};
 use crate::machine::Machine;
 use crate::pgbench::Script;
@@ -229,12 +229,12 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
             let _ = writeln!(w, "| {target} | not measured | | |");
             continue;
         };
-        let (ratio, measured) = measured_ratio(postgres, numerator, denominator);
-        let rounds = postgres.ratios(goal.numerator, goal.denominator, TARGET_CONSUMERS);
-        let verdict = verdict(&rounds, ratio, goal.at_least);
+        let measured = measured_ratio(postgres, numerator, denominator);
+        let verdict = verdict(&measured.rounds, measured.median, goal.at_least);
         let _ = writeln!(
             w,
-            "| {target} | {measured} | {verdict} | {}; {} |",
+            "| {target} | {} | {verdict} | {}; {} |",
+            measured.text,
             profile(numerator),
             profile(denominator),
         );
@@ -251,7 +251,7 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
     let [bare, marker] =
         Script::ALL.map(|script| postgres.find(Variant::Pgbench(script), TARGET_CONSUMERS));
     let reference = match (marker, bare) {
-        (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).1,
+        (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).text,
         _ => "not measured".to_owned(),
     };
     let _ = writeln!(
@@ -282,30 +282,40 @@ fn verdict(round_ratios: &[f64], median: f64, at_least: f64) -> String {
     }
 }
 
+/// The ratio of two variants within each round, as [`measured_ratio`] reads it.
+struct MeasuredRatio {
+    /// Each round's ratio, smallest first.
+    rounds: Vec<f64>,
+    median: f64,
+    /// The median with the rounds' spread and the median rounds' msg/s.
+    text: String,
+}
+
 /// The ratio of two measurements' variants at their consumer count, computed as for
-/// the table, and written out with the rounds' spread and the median rounds' msg/s.
+/// the table.
 fn measured_ratio(
     run: &BackendRun,
     numerator: &Measurement,
     denominator: &Measurement,
-) -> (f64, String) {
-    let consumers = numerator.consumers;
-    let ratios = run.ratios(numerator.variant, denominator.variant, consumers);
-    let ratio = run
-        .ratio(numerator.variant, denominator.variant, consumers)
-        .expect("both variants were measured");
-    let spread = match (ratios.first(), ratios.last()) {
-        (Some(low), Some(high)) if ratios.len() > 1 => {
+) -> MeasuredRatio {
+    let rounds = run.ratios(numerator.variant, denominator.variant, numerator.consumers);
+    let median = bench::median(&rounds).expect("both variants were measured");
+    let spread = match (rounds.first(), rounds.last()) {
+        (Some(low), Some(high)) if rounds.len() > 1 => {
             format!("rounds {low:.2}–{high:.2}; ")
         }
         _ => String::new(),
     };
     let text = format!(
-        "{ratio:.2} ({spread}{:.0} / {:.0} msg/s)",
+        "{median:.2} ({spread}{:.0} / {:.0} msg/s)",
         numerator.per_second(),
         denominator.per_second(),
     );
-    (ratio, text)
+    MeasuredRatio {
+        rounds,
+        median,
+        text,
+    }
 }
 
 /// The variant's number and, where it has one, its parameter: `(4)`, `(5, 100%)`.

@@ -59,8 +59,17 @@ impl Variant {
         Self::PeerFlow,
     ];
 
-    /// Every variant's number, as [`Variant::number`] gives it.
-    pub const NUMBERS: [&'static str; 10] = ["1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2"];
+    /// Every variant's number, as [`Variant::number`] gives it, in report order.
+    pub fn numbers() -> Vec<&'static str> {
+        let mut numbers: Vec<&'static str> = Self::EMPTY_INBOX
+            .into_iter()
+            .chain([Self::Prefilled { rows: 0 }])
+            .chain(Script::ALL.map(Self::Pgbench))
+            .map(Self::number)
+            .collect();
+        numbers.dedup();
+        numbers
+    }
 
     /// The number the report gives this variant: `4b`, `p1`. Both shares of
     /// duplicates are variant 5, and every pre-filled size variant 7.
