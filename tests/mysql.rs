@@ -12,7 +12,7 @@ use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsy
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 use tokio::sync::Notify;
 
-use common::{Credit, Gate, TestDb};
+use common::{Credit, Gate, TestDb, bounded};
 
 #[derive(Clone)]
 struct MysqlDb {
@@ -65,13 +65,16 @@ impl TestDb for MysqlDb {
         .await
     }
 
-    async fn waiting_marker_inserts(&self) -> Option<i64> {
-        // A marker insert cannot finish while another transaction holds the key, so a
-        // connection still inside one is waiting for it.
+    async fn lock_waiters(&self) -> Option<i64> {
+        // Statements of this test that have been running for over 50 ms: everything else
+        // here takes about a millisecond, so those are waiting. InnoDB's own lock-wait
+        // views miss some waiters: a second prepared INSERT queued behind the first
+        // waiter for the same key shows in no INNODB_TRX or INNODB_LOCK_WAITS row.
         let query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                     WHERE DB = DATABASE() AND INFO LIKE 'INSERT INTO `inbox`%'";
+                     WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
+                     AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 50";
         let mut conn = self.connect().await;
-        Some(Self::count(&mut conn, query).await.expect("processlist"))
+        Some(Self::count(&mut conn, query).await.expect("lock waits"))
     }
 
     async fn cleanup(self) {
@@ -82,74 +85,357 @@ impl TestDb for MysqlDb {
 
 common_scenarios!(MysqlDb::create);
 
-/// Waits until `n` connections of this test are inside a marker insert.
-async fn wait_for_marker_inserts(db: &MysqlDb, n: i64) {
-    for _ in 0..200 {
-        if db.waiting_marker_inserts().await >= Some(n) {
+impl MysqlDb {
+    /// The server's id for this connection, as `KILL QUERY` takes it.
+    async fn connection_id(conn: &mut AsyncMysqlConnection) -> i64 {
+        Self::count(conn, "SELECT CONNECTION_ID()")
+            .await
+            .expect("connection id")
+    }
+
+    async fn inbox_rows(&self) -> i64 {
+        let mut conn = self.connect().await;
+        Self::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .expect("count inbox")
+    }
+}
+
+/// Waits until `n` connections of this test wait for a lock.
+async fn wait_for_lock_waiters(db: &MysqlDb, n: i64) {
+    for _ in 0..500 {
+        if db.lock_waiters().await >= Some(n) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{n} transactions never waited for the marker's lock");
+    panic!("{n} transactions never waited for a lock");
 }
 
-#[idempotent(consumer = "deadlock-swallowing", key = credit.message_id.as_str())]
-async fn deadlock_swallowing_credit(
+/// Where [`deadlock_victim`] stops, for the test to arrange the deadlock around it.
+#[derive(Default)]
+struct DeadlockScript {
+    /// The body holds its lock on account 0.
+    first_lock_held: Notify,
+    /// The body may go on to account 1, where the test's blocker waits for it.
+    go: Notify,
+    /// The body may return, once it has swallowed the deadlock.
+    finish: Notify,
+}
+
+/// Credits account 0. With a script, it then walks into a deadlock on account 1 that
+/// InnoDB resolves by rolling this transaction back. The error is propagated from a
+/// nested `conn.transaction` when `nested`, and swallowed otherwise.
+#[idempotent(consumer = "deadlock-victim", key = credit.message_id.as_str(), fast_path = false)]
+async fn deadlock_victim(
     conn: &mut AsyncMysqlConnection,
     credit: &Credit,
-    first_lock_held: &Notify,
+    script: Option<&DeadlockScript>,
+    nested: bool,
 ) -> Result<(), Error> {
     conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 0")
         .await?;
-    first_lock_held.notify_one();
-    // Deadlocks with the test's blocker. InnoDB rolls this whole transaction back, and
-    // the handler carries on as if nothing happened.
-    let _ignored = conn
-        .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-        .await;
+    let Some(script) = script else {
+        return Ok(());
+    };
+    script.first_lock_held.notify_one();
+    script.go.notified().await;
+    let second_row = "UPDATE accounts SET balance = balance + 1 WHERE id = 1";
+    if nested {
+        conn.transaction(async |conn| conn.batch_execute(second_row).await)
+            .await?;
+    } else {
+        let _ignored = conn.batch_execute(second_row).await;
+        script.finish.notified().await;
+    }
     Ok(())
 }
 
-/// A deadlock ends a MySQL transaction at once. A handler that swallows the error must
-/// not be reported `Processed`: its marker went with the transaction.
+/// Locks accounts 1 to 5, more rows than the victim holds, so that InnoDB picks the
+/// victim's transaction when the two deadlock.
+async fn blocker(db: &MysqlDb) -> AsyncMysqlConnection {
+    let mut blocker = db.connect().await;
+    blocker
+        .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 10 WHERE id BETWEEN 1 AND 5")
+        .await
+        .unwrap();
+    blocker
+}
+
+/// The victim swallows the deadlock that rolled its transaction back, and meanwhile
+/// another delivery of the same message, which was waiting for the victim's marker,
+/// commits its own. The victim's commit check must not take that marker for its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn swallowed_deadlock_is_not_reported_processed() {
     let Some(db) = MysqlDb::create("swallowed_deadlock").await else {
         return;
     };
-    common::create_tables(&db, 6).await;
-    let mut blocker = db.connect().await;
-    // Locks more rows than the handler will, so that InnoDB picks the handler's
-    // transaction as the deadlock's victim.
-    blocker
-        .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 10 WHERE id BETWEEN 1 AND 5")
-        .await
-        .unwrap();
-    let first_lock_held = Arc::new(Notify::new());
-    let handler = tokio::spawn({
-        let (db, first_lock_held) = (db.clone(), Arc::clone(&first_lock_held));
-        async move {
-            let mut conn = db.connect().await;
-            deadlock_swallowing_credit(&mut conn, &Credit::new(0), &first_lock_held).await
-        }
-    });
-    first_lock_held.notified().await;
-    blocker
-        .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 0")
-        .await
-        .expect("the handler, not the blocker, is the deadlock's victim");
-    blocker.batch_execute("COMMIT").await.unwrap();
-
-    let error = handler.await.unwrap().expect_err("not committed");
-    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
-    let mut conn = db.connect().await;
-    assert_eq!(
-        MysqlDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+    bounded(async {
+        common::create_tables(&db, 6).await;
+        let message = Credit::new(0);
+        let mut blocker = blocker(&db).await;
+        let script = Arc::new(DeadlockScript::default());
+        let victim = tokio::spawn({
+            let (db, script, message) = (db.clone(), Arc::clone(&script), message.clone());
+            async move {
+                let mut conn = db.connect().await;
+                deadlock_victim(&mut conn, &message, Some(&script), false).await
+            }
+        });
+        script.first_lock_held.notified().await;
+        let redelivery = tokio::spawn({
+            let (db, message) = (db.clone(), message.clone());
+            async move {
+                let mut conn = db.connect().await;
+                deadlock_victim(&mut conn, &message, None, false).await
+            }
+        });
+        wait_for_lock_waiters(&db, 1).await;
+        script.go.notify_one();
+        wait_for_lock_waiters(&db, 2).await;
+        blocker
+            .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 0")
             .await
-            .unwrap(),
-        0
-    );
-    assert_eq!(common::balances(&db, 2).await, vec![10, 10]);
+            .expect("the victim, not the blocker, is the deadlock's victim");
+        blocker.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(redelivery.await.unwrap().unwrap(), Outcome::Processed(()));
+        script.finish.notify_one();
+
+        let error = victim
+            .await
+            .unwrap()
+            .expect_err("the victim committed nothing");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        assert_eq!(db.inbox_rows().await, 1);
+        assert_eq!(common::balances(&db, 2).await, vec![11, 10]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// A deadlock inside a nested `conn.transaction` rolls back the whole transaction on
+/// InnoDB; diesel's `ROLLBACK TO SAVEPOINT` then fails and its error replaces the
+/// deadlock's. Still transient, and the retry applies the message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadlock_in_a_nested_transaction_is_transient() {
+    let Some(db) = MysqlDb::create("nested_deadlock").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 6).await;
+        let message = Credit::new(0);
+        let mut blocker = blocker(&db).await;
+        let script = Arc::new(DeadlockScript::default());
+        let victim = tokio::spawn({
+            let (db, script, message) = (db.clone(), Arc::clone(&script), message.clone());
+            async move {
+                let mut conn = db.connect().await;
+                let result = deadlock_victim(&mut conn, &message, Some(&script), true).await;
+                (conn, result)
+            }
+        });
+        script.first_lock_held.notified().await;
+        script.go.notify_one();
+        wait_for_lock_waiters(&db, 1).await;
+        blocker
+            .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 0")
+            .await
+            .expect("the victim, not the blocker, is the deadlock's victim");
+        blocker.batch_execute("COMMIT").await.unwrap();
+
+        let (mut conn, result) = victim.await.unwrap();
+        let error = result.expect_err("the deadlock rolled everything back");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        assert_eq!(db.inbox_rows().await, 0);
+        assert_eq!(
+            deadlock_victim(&mut conn, &message, None, true)
+                .await
+                .unwrap(),
+            Outcome::Processed(())
+        );
+        assert_eq!(common::balances(&db, 2).await, vec![11, 10]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// Credits account 0, runs DDL, which commits the transaction implicitly on MySQL, then
+/// succeeds or fails.
+#[idempotent(consumer = "ddl-in-body", key = credit.message_id.as_str(), fast_path = false)]
+async fn credit_with_ddl(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    fail: bool,
+) -> Result<(), Error> {
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 0")
+        .await?;
+    conn.batch_execute("CREATE TABLE IF NOT EXISTS side_table (id INT)")
+        .await?;
+    if fail {
+        return Err(Error::RollbackTransaction);
+    }
+    Ok(())
+}
+
+/// DDL commits the marker early. The crate cannot undo that, but must say so, instead of
+/// returning the body's own error (whose redelivery would be a duplicate of half the
+/// work) or `Processed` (the work was not atomic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ddl_in_the_body_is_reported_as_committed_early() {
+    let Some(db) = MysqlDb::create("ddl_in_body").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        for (n, fail) in [(0, true), (1, false)] {
+            let message = Credit::new(n);
+            let error = credit_with_ddl(&mut conn, &message, fail)
+                .await
+                .expect_err("committed early");
+            assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .contains("committed before the handler returned"),
+                "{error}"
+            );
+            assert_eq!(
+                credit_with_ddl(&mut conn, &message, fail).await.unwrap(),
+                Outcome::Duplicate,
+                "the marker is committed"
+            );
+        }
+        assert_eq!(db.inbox_rows().await, 2);
+        assert_eq!(common::balances(&db, 1).await, vec![2]);
+        // The connection is usable afterwards.
+        assert_eq!(
+            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            Outcome::Processed(())
+        );
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// At READ UNCOMMITTED a plain read sees another delivery's marker before it commits.
+/// The fast path must wait for that delivery instead, and never answer `Duplicate` for
+/// a marker that then rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fast_path_never_trusts_an_uncommitted_marker() {
+    let Some(db) = MysqlDb::create("read_uncommitted").await else {
+        return;
+    };
+    bounded(async {
+        let uncommitted = "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
+        common::create_tables(&db, 2).await;
+        for (n, first_commits) in [(0, false), (1, true)] {
+            let conn_b = common::connect_with(&db, uncommitted).await;
+            let (_, second) = common::overlap(&db, conn_b, n, first_commits, true).await;
+            let expected = if first_commits {
+                Outcome::Duplicate
+            } else {
+                Outcome::Processed(())
+            };
+            assert_eq!(second.expect("B"), expected, "A commits: {first_commits}");
+        }
+        assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// With the server speaking German, a duplicate is still a duplicate (in sequence and
+/// for a copy that waited), and a lock wait timeout is still worth a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn localized_server_messages_are_recognised() {
+    let Some(db) = MysqlDb::create("localized_messages").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let german = "SET lc_messages = 'de_DE'";
+        let conn_b = common::connect_with(&db, german).await;
+        let (_, second) = common::overlap(&db, conn_b, 0, true, false).await;
+        assert_eq!(second.unwrap(), Outcome::Duplicate);
+        let mut conn = common::connect_with(&db, german).await;
+        assert_eq!(
+            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            Outcome::Duplicate
+        );
+        let insert = "INSERT INTO inbox (message_id, consumer) VALUES ('msg-0', 'credit')";
+        let raw = conn.batch_execute(insert).await.expect_err("duplicate");
+        assert!(raw.to_string().starts_with("Doppelter Eintrag"), "{raw}");
+        assert_eq!(classify(&raw), ErrorClass::InboxDuplicate);
+
+        for language in ["de_DE", "fr_FR", "es_ES", "ja_JP"] {
+            let settings =
+                format!("SET lc_messages = '{language}'; SET innodb_lock_wait_timeout = 1");
+            let conn_b = common::connect_with(&db, &settings).await;
+            let error = common::wait_cut_short(&db, conn_b, 1, false)
+                .await
+                .expect_err("the lock wait timed out");
+            assert_eq!(
+                classify(&error),
+                ErrorClass::Transient,
+                "{language}: {error}"
+            );
+        }
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// Waiting for another delivery's marker is designed behaviour; a statement timeout or
+/// an operator's `KILL QUERY` that cuts it short is worth a retry, never a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interrupted_waits_are_transient() {
+    let Some(db) = MysqlDb::create("interrupted_waits").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        for read_first in [false, true] {
+            let conn_b = common::connect_with(&db, "SET max_statement_time = 0.5").await;
+            let error = common::wait_cut_short(&db, conn_b, 0, read_first)
+                .await
+                .expect_err("the statement timed out");
+            assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        }
+
+        let mut conn_b = db.connect().await;
+        let id = MysqlDb::connection_id(&mut conn_b).await;
+        let killer = tokio::spawn({
+            let db = db.clone();
+            async move {
+                wait_for_lock_waiters(&db, 1).await;
+                let mut admin = db.connect().await;
+                admin
+                    .batch_execute(&format!("KILL QUERY {id}"))
+                    .await
+                    .unwrap();
+            }
+        });
+        let gate = Gate::held(false);
+        let mut conn_a = db.connect().await;
+        let first = tokio::spawn({
+            let gate = Arc::clone(&gate);
+            async move { common::gated_credit(&mut conn_a, &Credit::new(7), &gate).await }
+        });
+        gate.entered.notified().await;
+        let error = common::credit(&mut conn_b, &Credit::new(7))
+            .await
+            .expect_err("killed");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        killer.await.unwrap();
+        gate.release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
+        assert_eq!(
+            common::credit(&mut conn_b, &Credit::new(7)).await.unwrap(),
+            Outcome::Duplicate
+        );
+    })
+    .await;
     db.cleanup().await;
 }
 
@@ -161,57 +447,67 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
     let Some(db) = MysqlDb::create("three_way_deadlock").await else {
         return;
     };
-    let attempts = 10;
-    common::create_tables(&db, attempts).await;
-    let mut deadlocks = 0;
-    for n in 0..attempts {
-        let message = Credit::new(n);
-        let gate = Gate::held(true);
-        let mut first_conn = db.connect().await;
-        let first = tokio::spawn({
-            let (gate, message) = (gate.clone(), message.clone());
-            async move { common::gated_credit(&mut first_conn, &message, &gate).await }
-        });
-        gate.entered.notified().await;
-        let waiters: Vec<_> = (0..2)
-            .map(|_| {
-                let (db, message) = (db.clone(), message.clone());
-                tokio::spawn(async move {
-                    let mut conn = db.connect().await;
-                    let result = common::credit(&mut conn, &message).await;
-                    (conn, result)
+    bounded(async {
+        let attempts = 10;
+        common::create_tables(&db, attempts).await;
+        let mut deadlocks = 0;
+        for n in 0..attempts {
+            let message = Credit::new(n);
+            let gate = Gate::held(true);
+            let mut first_conn = db.connect().await;
+            let first = tokio::spawn({
+                let (gate, message) = (gate.clone(), message.clone());
+                async move { common::gated_credit(&mut first_conn, &message, &gate).await }
+            });
+            gate.entered.notified().await;
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (db, message) = (db.clone(), message.clone());
+                    tokio::spawn(async move {
+                        let mut conn = db.connect().await;
+                        let result = common::credit(&mut conn, &message).await;
+                        (conn, result)
+                    })
                 })
-            })
-            .collect();
-        wait_for_marker_inserts(&db, 2).await;
-        gate.release.notify_one();
-        assert!(matches!(
-            first.await.unwrap(),
-            Err(Error::RollbackTransaction)
-        ));
+                .collect();
+            wait_for_lock_waiters(&db, 2).await;
+            gate.release.notify_one();
+            assert!(matches!(
+                first.await.unwrap(),
+                Err(Error::RollbackTransaction)
+            ));
 
-        let mut processed = 0;
-        for waiter in waiters {
-            let (mut conn, mut result) = waiter.await.unwrap();
-            while let Err(error) = &result {
-                assert_eq!(classify(error), ErrorClass::Transient, "{error}");
-                deadlocks += 1;
-                result = common::credit(&mut conn, &message).await;
+            let mut processed = 0;
+            for waiter in waiters {
+                let (mut conn, mut result) = waiter.await.unwrap();
+                let mut redeliveries = 0;
+                while let Err(error) = &result {
+                    assert!(
+                        error.to_string().starts_with("Deadlock found"),
+                        "only a deadlock (1213) is expected here: {error}"
+                    );
+                    assert_eq!(classify(error), ErrorClass::Transient, "{error}");
+                    deadlocks += 1;
+                    redeliveries += 1;
+                    assert!(redeliveries < common::MAX_REDELIVERIES, "{error}");
+                    result = common::credit(&mut conn, &message).await;
+                }
+                processed += usize::from(result.unwrap() == Outcome::Processed(()));
             }
-            processed += usize::from(result.unwrap() == Outcome::Processed(()));
+            assert_eq!(
+                processed, 1,
+                "attempt {n}: exactly one waiter processes the message"
+            );
         }
-        assert_eq!(
-            processed, 1,
-            "attempt {n}: exactly one waiter processes the message"
+        assert!(
+            deadlocks > 0,
+            "no attempt deadlocked: the scenario did not reproduce"
         );
-    }
-    assert!(
-        deadlocks > 0,
-        "no attempt deadlocked: the scenario did not reproduce"
-    );
-    assert_eq!(
-        common::balances(&db, attempts).await,
-        vec![1; attempts as usize]
-    );
+        assert_eq!(
+            common::balances(&db, attempts).await,
+            vec![1; attempts as usize]
+        );
+    })
+    .await;
     db.cleanup().await;
 }

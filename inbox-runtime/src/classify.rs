@@ -149,6 +149,22 @@ mod tests {
         let longer_name = "Duplicate entry 'x' for key 'ux_inbox_message_consumer_v2'";
         assert_eq!(unique(longer_name, None), ErrorClass::Permanent);
 
+        // Every server language quotes the value first and the key's name last.
+        for translated in [
+            "Doppelter Eintrag 'm1-credit' für Schlüssel 'ux_inbox_message_consumer'",
+            "'m1-credit' は索引 'ux_inbox_message_consumer' で重複しています。",
+            "Duplikalt bejegyzes 'm1-credit' a 'ux_inbox_message_consumer' kulcs szerint",
+            "Zvojený klíč 'm1-credit' (číslo klíče 'ux_inbox_message_consumer')",
+        ] {
+            assert_eq!(
+                unique(translated, None),
+                ErrorClass::InboxDuplicate,
+                "{translated}"
+            );
+        }
+        let translated_lookalike = "'ux_inbox_message_consumer' は索引 'email' で重複しています。";
+        assert_eq!(unique(translated_lookalike, None), ErrorClass::Permanent);
+
         let sqlite = "UNIQUE constraint failed: inbox.message_id, inbox.consumer";
         assert_eq!(unique(sqlite, None), ErrorClass::InboxDuplicate);
         let sqlite_other = "UNIQUE constraint failed: ledger.entry";
@@ -167,6 +183,26 @@ mod tests {
             ErrorClass::Transient
         );
         assert_eq!(unknown("database is locked"), ErrorClass::Transient);
+        // Waits cut short, in any language the server speaks.
+        for message in [
+            "canceling statement due to statement timeout",
+            "canceling statement due to user request",
+            "Query execution was interrupted",
+            "Query execution was interrupted (max_statement_time exceeded)",
+            "Ausführung der Abfrage wurde unterbrochen",
+            "Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten. Bitte \
+             versuchen Sie, die Transaktion neu zu starten",
+            "Timeout sur l'obtention du verrou",
+            "Tiempo de espera de bloqueo excedido; intente rearrancar la transacción",
+            "Beim Versuch, eine Sperre anzufordern, ist ein Deadlock aufgetreten. Versuchen \
+             Sie, die Transaktion neu zu starten",
+            // InnoDB rolled back the whole transaction under a nested `conn.transaction`.
+            "SAVEPOINT diesel_savepoint_1 does not exist",
+            "SAVEPOINT diesel_savepoint_2 existiert nicht",
+            "SAVEPOINTdiesel_savepoint_1不存在",
+        ] {
+            assert_eq!(unknown(message), ErrorClass::Transient, "{message}");
+        }
         let serialization = error(
             DatabaseErrorKind::SerializationFailure,
             "could not serialize",
@@ -197,6 +233,15 @@ mod tests {
     #[test]
     fn everything_else_is_permanent() {
         assert_eq!(unknown("division by zero"), ErrorClass::Permanent);
+        assert_eq!(
+            unknown("SAVEPOINT my_own_savepoint does not exist"),
+            ErrorClass::Permanent
+        );
+        #[cfg(any(feature = "mysql", feature = "sqlite"))]
+        assert_eq!(
+            classify(&crate::backend::committed_early()),
+            ErrorClass::Permanent
+        );
         let check = error(
             DatabaseErrorKind::CheckViolation,
             "check",
@@ -206,5 +251,78 @@ mod tests {
         assert_eq!(classify(&Error::NotFound), ErrorClass::Permanent);
         let invalid = Error::from(crate::InvalidKey::Empty);
         assert_eq!(classify(&invalid), ErrorClass::Permanent);
+    }
+
+    /// Every translation MariaDB ships of the errors `classify` must recognise, read from
+    /// the server's own message catalogue: a server upgrade that adds or rewords one
+    /// fails here instead of dead-lettering messages.
+    #[test]
+    fn every_mariadb_translation_is_recognised() {
+        let path = std::env::var("MARIADB_ERRMSG")
+            .unwrap_or_else(|_| String::from("/usr/share/mysql/errmsg-utf8.txt"));
+        let Ok(catalogue) = std::fs::read_to_string(&path) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI has MariaDB's message catalogue at {path}"
+            );
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("SKIPPED: no MariaDB message catalogue at {path}\n").as_bytes(),
+            );
+            return;
+        };
+        let translations = |code: &str| -> Vec<String> {
+            catalogue
+                .lines()
+                .skip_while(|line| line.split_whitespace().next() != Some(code))
+                .skip(1)
+                .take_while(|line| line.starts_with(char::is_whitespace))
+                .filter_map(|line| {
+                    let (_language, text) = line.trim().split_once(char::is_whitespace)?;
+                    Some(text.trim().trim_matches('"').to_owned())
+                })
+                .collect()
+        };
+        let mut checked = 0;
+        for code in [
+            "ER_LOCK_WAIT_TIMEOUT",
+            "ER_LOCK_DEADLOCK",
+            "ER_QUERY_INTERRUPTED",
+            "ER_STATEMENT_TIMEOUT",
+        ] {
+            for text in translations(code) {
+                let error = error(DatabaseErrorKind::Unknown, text.clone().leak(), None);
+                assert_eq!(classify(&error), ErrorClass::Transient, "{code}: {text}");
+                checked += 1;
+            }
+        }
+        for text in translations("ER_SP_DOES_NOT_EXIST") {
+            let message =
+                text.replacen("%s", "SAVEPOINT", 1)
+                    .replacen("%s", "diesel_savepoint_1", 1);
+            let error = error(DatabaseErrorKind::Unknown, message.clone().leak(), None);
+            assert_eq!(classify(&error), ErrorClass::Transient, "{message}");
+            checked += 1;
+        }
+        for text in translations("ER_DUP_ENTRY_WITH_KEY_NAME") {
+            let message = text
+                .replacen("%-.64T", "it's 'ux_inbox_message_consumer'", 1)
+                .replacen("%-.192s", "ux_inbox_message_consumer", 1);
+            assert_eq!(
+                unique(message.clone().leak(), None),
+                ErrorClass::InboxDuplicate,
+                "{message}"
+            );
+            let other = text
+                .replacen("%-.64T", "'ux_inbox_message_consumer'", 1)
+                .replacen("%-.192s", "email", 1);
+            assert_eq!(
+                unique(other.clone().leak(), None),
+                ErrorClass::Permanent,
+                "{other}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 60, "only {checked} translations found in {path}");
     }
 }

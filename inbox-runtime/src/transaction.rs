@@ -148,24 +148,34 @@ where
     // prove that for concrete connection types (rust-lang/rust#100013), and a handler
     // must be spawnable whenever its body is.
     C::TransactionManager::begin_transaction(conn).await?;
-    let attempt = async {
-        if !C::Backend::insert_marker(conn, &marker).await? {
-            return Err(Stop::Duplicate);
-        }
-        body(&mut *conn).await.map_err(Stop::Handler)
+    match C::Backend::insert_marker(conn, &marker).await {
+        Ok(true) => {}
+        Ok(false) => return Err(roll_back(conn, Stop::Duplicate).await),
+        Err(error) => return Err(roll_back(conn, Stop::Database(error)).await),
     }
-    .await;
-    match attempt {
+    match body(&mut *conn).await {
         Ok(value) => {
             C::Backend::commit(conn, &marker).await?;
             Ok(value)
         }
-        Err(stop) => match C::TransactionManager::rollback_transaction(conn).await {
-            Ok(()) => Err(stop),
+        Err(error) => match C::Backend::abandon(conn).await {
+            Ok(()) => Err(Stop::Handler(error)),
             // A failure explains more than the broken rollback after it.
-            Err(Error::BrokenTransactionManager) if !matches!(stop, Stop::Duplicate) => Err(stop),
-            Err(rollback) => Err(Stop::Database(rollback)),
+            Err(Error::BrokenTransactionManager) => Err(Stop::Handler(error)),
+            Err(better) => Err(Stop::Database(better)),
         },
+    }
+}
+
+/// Rolls back a transaction that the body never ran in.
+async fn roll_back<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
+where
+    C: AsyncConnection,
+{
+    match C::TransactionManager::rollback_transaction(conn).await {
+        Ok(()) => stop,
+        Err(Error::BrokenTransactionManager) if !matches!(stop, Stop::Duplicate) => stop,
+        Err(rollback) => Stop::Database(rollback),
     }
 }
 

@@ -24,10 +24,9 @@ pub trait TestDb: Clone + Send + Sync + 'static {
     /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
     fn count(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = Result<i64, Error>> + Send;
 
-    /// How many connections of this test are inside a marker insert waiting for another
-    /// transaction's lock, where the database can tell (SQLite waits inside its busy
-    /// handler, out of sight).
-    fn waiting_marker_inserts(&self) -> impl Future<Output = Option<i64>> + Send;
+    /// How many connections of this test are waiting for another transaction's lock,
+    /// where the database can tell (SQLite waits inside its busy handler, out of sight).
+    fn lock_waiters(&self) -> impl Future<Output = Option<i64>> + Send;
 
     /// Drops what the test created. A test that panicked leaves its database behind; the
     /// next run of the same test drops it before starting.
@@ -51,6 +50,15 @@ pub fn server_url(variable: &str, example: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// A connection of `db` with `settings` (session statements) applied.
+pub async fn connect_with<D: TestDb>(db: &D, settings: &str) -> D::Conn {
+    let mut conn = db.connect().await;
+    conn.batch_execute(settings)
+        .await
+        .expect("session settings");
+    conn
 }
 
 /// One delivery of a credit message.
@@ -78,9 +86,10 @@ async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), 
     .await
 }
 
-/// The handler under test. It applies the credit, then waits at `gate` and succeeds or
-/// fails as the gate says; [`credit`] passes an open gate.
-#[idempotent(consumer = "credit", key = credit.message_id.as_str())]
+/// The handler under test. It reads the inbox first or not, applies the credit, then
+/// waits at `gate` and succeeds or fails, all as the gate says; [`credit`] and
+/// [`credit_reading_first`] pass an open gate.
+#[idempotent(consumer = "credit", key = credit.message_id.as_str(), fast_path = gate.read_first)]
 pub async fn gated_credit<C>(conn: &mut C, credit: &Credit, gate: &Gate) -> Result<(), Error>
 where
     C: AsyncConnection,
@@ -99,12 +108,22 @@ where
     Ok(())
 }
 
+/// Delivers `credit` straight to the transaction: a duplicate is found by the marker insert.
 pub async fn credit<C>(conn: &mut C, credit: &Credit) -> Result<Outcome<()>, Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
     gated_credit(conn, credit, &Gate::new(false, false)).await
+}
+
+/// Delivers `credit` through the fast path: a committed marker is found by a read first.
+pub async fn credit_reading_first<C>(conn: &mut C, credit: &Credit) -> Result<Outcome<()>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    gated_credit(conn, credit, &Gate::new(false, false).reading_first()).await
 }
 
 #[idempotent(consumer = "audit", key = credit.message_id.as_str())]
@@ -197,9 +216,15 @@ pub struct RaceReport {
     pub wrong: Vec<(i64, i64)>,
 }
 
+/// How often one delivery may meet a transient error before the test gives up: a bug that
+/// makes every delivery fail must end in a red test, not a test that never ends.
+pub const MAX_REDELIVERIES: usize = 50;
+
 /// Every worker, each on its own connection, receives every message, and all workers
 /// start each message together: every message is delivered `workers` times at once.
-/// Transient errors are redelivered to the same worker, as a broker would.
+/// Odd workers read the inbox first, even ones go straight to the transaction. Transient
+/// errors are redelivered to the same worker, as a broker would, a bounded number of
+/// times.
 pub async fn race<D: TestDb>(
     db: Arc<D>,
     handler: Handler,
@@ -209,7 +234,7 @@ pub async fn race<D: TestDb>(
     create_tables(&*db, messages).await;
     let barrier = Arc::new(Barrier::new(workers));
     let mut tasks = Vec::new();
-    for _ in 0..workers {
+    for worker in 0..workers {
         let db = Arc::clone(&db);
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
@@ -218,8 +243,12 @@ pub async fn race<D: TestDb>(
             for n in 0..messages {
                 let message = Credit::new(n);
                 barrier.wait().await;
+                let mut redeliveries = 0;
                 loop {
                     let outcome = match handler {
+                        Handler::Idempotent if worker % 2 == 1 => {
+                            credit_reading_first(&mut conn, &message).await
+                        }
                         Handler::Idempotent => credit(&mut conn, &message).await,
                         Handler::Naive => naive_credit::<D>(&mut conn, &message).await,
                     };
@@ -228,6 +257,11 @@ pub async fn race<D: TestDb>(
                         Ok(Outcome::Duplicate) => report.duplicates += 1,
                         Err(error) if classify(&error) == ErrorClass::Transient => {
                             report.transient_retries += 1;
+                            redeliveries += 1;
+                            assert!(
+                                redeliveries < MAX_REDELIVERIES,
+                                "{message:?} failed {redeliveries} times in a row: {error}"
+                            );
                             continue;
                         }
                         Err(error) => panic!("{handler:?} handler failed on {message:?}: {error}"),
@@ -279,12 +313,14 @@ pub async fn race_catches_the_naive_handler<D: TestDb>(db: D) {
     );
 }
 
-/// Where a handler stops inside its body until released, and whether it then fails.
+/// Whether a delivery reads the inbox first, where its handler stops inside its body
+/// until released, and whether it then fails.
 pub struct Gate {
     pub entered: Notify,
     pub release: Notify,
     pub hold: bool,
     pub fail: bool,
+    pub read_first: bool,
 }
 
 impl Gate {
@@ -294,6 +330,15 @@ impl Gate {
             release: Notify::new(),
             hold,
             fail,
+            read_first: false,
+        }
+    }
+
+    /// The same gate for a delivery that takes the fast path.
+    pub fn reading_first(self) -> Self {
+        Self {
+            read_first: true,
+            ..self
         }
     }
 
@@ -302,46 +347,28 @@ impl Gate {
     }
 }
 
-/// Waits until a connection of this test is seen waiting inside a marker insert. Where
-/// the database cannot show that, gives the waiter time to get there; then only the
-/// direction "finished too early" can fail.
-async fn until_a_marker_insert_waits<D: TestDb>(db: &D) {
+/// Waits until a connection of this test is seen waiting for a lock. SQLite waits in its
+/// busy handler, out of sight: there B is given 300 ms to get there, and the test then
+/// shows only that B did not finish while A held the key, not that B ever waited.
+async fn until_a_lock_waits<D: TestDb>(db: &D) {
     for _ in 0..500 {
-        match db.waiting_marker_inserts().await {
+        match db.lock_waiters().await {
             Some(waiting) if waiting > 0 => return,
             Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             None => return tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }
-    panic!("no marker insert ever waited for the transaction holding the key");
+    panic!("no delivery ever waited for the transaction holding the key");
 }
 
-/// A is inside its body, marker inserted, when B arrives: B waits for A's outcome.
-pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
+/// A is inside its body, marker inserted, when B arrives: B waits for A's outcome, then
+/// is a duplicate if A committed and processes the message if A rolled back. B finds
+/// the duplicate with the marker insert, or with a read first.
+pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool, b_reads_first: bool) {
     create_tables(&db, 1).await;
-    let message = Credit::new(0);
-    let gate = Gate::held(!first_commits);
-    let mut conn_a = db.connect().await;
-    let mut conn_b = db.connect().await;
-    let first = {
-        let (gate, message) = (Arc::clone(&gate), message.clone());
-        tokio::spawn(async move { gated_credit(&mut conn_a, &message, &gate).await })
-    };
-    gate.entered.notified().await;
-
-    let second = tokio::spawn({
-        let message = message.clone();
-        async move { credit(&mut conn_b, &message).await }
-    });
-    until_a_marker_insert_waits(&db).await;
-    assert!(
-        !second.is_finished(),
-        "B must wait while A holds the marker"
-    );
-
-    gate.release.notify_one();
-    let first = first.await.unwrap();
-    let second = second.await.unwrap().expect("B");
+    let conn_b = db.connect().await;
+    let (first, second) = overlap(&db, conn_b, 0, first_commits, b_reads_first).await;
+    let second = second.expect("B");
     if first_commits {
         assert_eq!(first.expect("A"), Outcome::Processed(()));
         assert_eq!(second, Outcome::Duplicate);
@@ -353,6 +380,74 @@ pub async fn forced_overlap<D: TestDb>(db: D, first_commits: bool) {
         assert_eq!(second, Outcome::Processed(()));
     }
     assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+/// Delivers message `n` to A, which holds its marker inside the body, then to B on
+/// `conn_b` (configured by the caller), and releases A, to commit or roll back, once B
+/// waits for A's lock. Returns both results. The tables must exist.
+pub async fn overlap<D: TestDb>(
+    db: &D,
+    conn_b: D::Conn,
+    n: i64,
+    first_commits: bool,
+    b_reads_first: bool,
+) -> (Result<Outcome<()>, Error>, Result<Outcome<()>, Error>) {
+    let (first, gate) = hold_marker(db, n, first_commits).await;
+    let second = tokio::spawn(deliver(conn_b, n, b_reads_first));
+    until_a_lock_waits(db).await;
+    assert!(
+        !second.is_finished(),
+        "B must wait while A holds the marker"
+    );
+    gate.release.notify_one();
+    (first.await.unwrap(), second.await.unwrap())
+}
+
+/// Delivers message `n` to B on `conn_b` while A holds its marker, and releases A (to
+/// roll back) only once B has returned: B's wait ends however B's session ends it.
+pub async fn wait_cut_short<D: TestDb>(
+    db: &D,
+    conn_b: D::Conn,
+    n: i64,
+    b_reads_first: bool,
+) -> Result<Outcome<()>, Error> {
+    let (first, gate) = hold_marker(db, n, false).await;
+    let second = deliver(conn_b, n, b_reads_first).await;
+    gate.release.notify_one();
+    assert!(matches!(
+        first.await.unwrap(),
+        Err(Error::RollbackTransaction)
+    ));
+    second
+}
+
+type Delivery = tokio::task::JoinHandle<Result<Outcome<()>, Error>>;
+
+/// Delivers message `n` to A, and returns once A holds its marker inside the body, with
+/// the gate that releases A to commit or roll back.
+async fn hold_marker<D: TestDb>(db: &D, n: i64, commits: bool) -> (Delivery, Arc<Gate>) {
+    let gate = Gate::held(!commits);
+    let mut conn = db.connect().await;
+    let first = {
+        let gate = Arc::clone(&gate);
+        tokio::spawn(async move { gated_credit(&mut conn, &Credit::new(n), &gate).await })
+    };
+    gate.entered.notified().await;
+    (first, gate)
+}
+
+async fn deliver<C>(mut conn: C, n: i64, read_first: bool) -> Result<Outcome<()>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let gate = Gate::new(false, false);
+    let gate = if read_first {
+        gate.reading_first()
+    } else {
+        gate
+    };
+    gated_credit(&mut conn, &Credit::new(n), &gate).await
 }
 
 pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
@@ -383,6 +478,10 @@ pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
     );
     assert_eq!(
         credit(&mut conn, &message).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        credit_reading_first(&mut conn, &message).await.unwrap(),
         Outcome::Duplicate
     );
     assert_eq!(balances(&db, 1).await, vec![1]);
@@ -689,6 +788,14 @@ pub async fn fast_path_adapts_to_duplicates<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 1).await, vec![100]);
 }
 
+/// Runs a scenario to its end, or fails it after two minutes: a planted bug must end in a
+/// red test, never in a stalled CI.
+pub async fn bounded<T>(scenario: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(120), scenario)
+        .await
+        .expect("the scenario did not finish within two minutes")
+}
+
 /// Every scenario that holds on all three backends, as one `#[tokio::test]` each.
 #[macro_export]
 macro_rules! common_scenarios {
@@ -707,27 +814,27 @@ macro_rules! common_scenarios {
             fast_path_adapts_to_duplicates,
         );
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn forced_overlap_first_commits() {
-            if let Some(db) = $db(stringify!(forced_overlap_first_commits)).await {
-                common::forced_overlap(db.clone(), true).await;
-                common::TestDb::cleanup(db).await;
-            }
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn forced_overlap_first_rolls_back() {
-            if let Some(db) = $db(stringify!(forced_overlap_first_rolls_back)).await {
-                common::forced_overlap(db.clone(), false).await;
-                common::TestDb::cleanup(db).await;
-            }
-        }
+        common_scenarios!(@overlaps $db;
+            forced_overlap_first_commits: true, false;
+            forced_overlap_first_rolls_back: false, false;
+            forced_overlap_first_commits_second_reads_first: true, true;
+            forced_overlap_first_rolls_back_second_reads_first: false, true;
+        );
     };
+    (@overlaps $db:expr; $($test:ident: $first_commits:expr, $b_reads_first:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            if let Some(db) = $db(stringify!($test)).await {
+                common::bounded(common::forced_overlap(db.clone(), $first_commits, $b_reads_first)).await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+    )*};
     (@tests $db:expr; $($scenario:ident,)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $scenario() {
             if let Some(db) = $db(stringify!($scenario)).await {
-                common::$scenario(db.clone()).await;
+                common::bounded(common::$scenario(db.clone())).await;
                 common::TestDb::cleanup(db).await;
             }
         }

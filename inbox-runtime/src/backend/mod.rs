@@ -4,16 +4,13 @@
 //! (how a duplicate shows itself), error recognition and schema creation differ, and each
 //! backend module holds its own.
 
-/// The `sealed::Backend` methods whose statements are the same on several backends, for
-/// each backend's impl to include by name.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-macro_rules! shared_statements {
-    ($($statement:ident),+) => {
-        $(shared_statements!(@ $statement);)+
-    };
-    // `INSERT … ON CONFLICT (message_id, consumer) DO NOTHING`: a duplicate waits for the
-    // transaction holding the key, then inserts nothing, without raising an error.
-    (@ insert_marker) => {
+/// `sealed::Backend::insert_marker` for the backends with `INSERT … ON CONFLICT
+/// (message_id, consumer) DO NOTHING`: a duplicate waits for the transaction holding the
+/// key, then inserts nothing, without raising an error. A new marker is followed by the
+/// batch `then`, when given.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! insert_marker_on_conflict_do_nothing {
+    ($(then $then:expr)?) => {
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &$crate::backend::sealed::Marker,
@@ -26,29 +23,13 @@ macro_rules! shared_statements {
             let insert = $crate::backend::queries::plain_insert(marker.message_id.clone(), marker.consumer)
                 .on_conflict((inbox::message_id, inbox::consumer))
                 .do_nothing();
-            async move { Ok(::diesel_async::RunQueryDsl::execute(insert, conn).await? == 1) }
-        }
-    };
-    (@ commit) => {
-        fn commit<'c, C>(
-            conn: &'c mut C,
-            marker: &$crate::backend::sealed::Marker,
-        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<()>> + Send + use<'c, C>
-        where
-            C: ::diesel_async::AsyncConnection<Backend = Self>,
-        {
-            $crate::backend::queries::shared::commit_if_marker_there(conn, marker)
-        }
-    };
-    (@ already_processed) => {
-        fn already_processed<'c, C>(
-            conn: &'c mut C,
-            marker: &$crate::backend::sealed::Marker,
-        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: ::diesel_async::AsyncConnection<Backend = Self>,
-        {
-            $crate::backend::queries::shared::already_processed(conn, marker)
+            async move {
+                if ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await? == 0 {
+                    return Ok(false);
+                }
+                $(::diesel_async::SimpleAsyncConnection::batch_execute(conn, $then).await?;)?
+                Ok(true)
+            }
         }
     };
 }
@@ -59,6 +40,8 @@ pub(crate) mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod queries;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod savepoint;
 
 /// A database backend that `#[idempotent]` handlers can run on.
 ///
@@ -89,6 +72,25 @@ pub(crate) fn rolled_back_underneath() -> diesel::result::Error {
     )
 }
 
+/// The transaction the marker was inserted in committed before the handler returned: a
+/// statement in the body commits implicitly (on MySQL/MariaDB any DDL, such as `CREATE`,
+/// `ALTER`, `DROP` or `TRUNCATE`) or the body sent `COMMIT` itself. The crate cannot undo
+/// that, so the message needs a person, not a redelivery, which would be a duplicate.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn committed_early() -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(String::from(
+            "the handler's transaction was committed before the handler returned, by a \
+             statement that commits implicitly (DDL such as CREATE, ALTER, DROP or TRUNCATE \
+             on MySQL/MariaDB) or by a COMMIT in the handler: the marker and the writes \
+             before that statement are committed, and the writes after it ran outside any \
+             transaction, so a redelivery would be a duplicate of partly applied work; \
+             move that statement out of the handler and reconcile this message by hand",
+        )),
+    )
+}
+
 /// Rolls back the transaction that `error` ended the use of, and returns `error`: it
 /// explains more than a failed rollback, which marks the connection broken for its pool.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -100,6 +102,24 @@ pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
         <C::TransactionManager as diesel_async::TransactionManager<C>>::rollback_transaction(conn)
             .await;
     error
+}
+
+/// Records in the transaction manager that a COMMIT or ROLLBACK sent in a batch of our own
+/// has ended the transaction. Had the call been cancelled before this, the manager would
+/// still count a transaction, and pools discard such a connection.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn leave_transaction<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+) -> diesel::QueryResult<()> {
+    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
+    use diesel_async::TransactionManager;
+
+    match C::TransactionManager::transaction_manager_status_mut(conn) {
+        TransactionManagerStatus::Valid(status) => {
+            status.change_transaction_depth(TransactionDepthChange::DecreaseDepth)
+        }
+        TransactionManagerStatus::InError => Err(diesel::result::Error::BrokenTransactionManager),
+    }
 }
 
 pub(crate) mod sealed {
@@ -121,7 +141,9 @@ pub(crate) mod sealed {
     }
 
     pub trait Backend: diesel::backend::Backend + Sized {
-        /// Whether the marker row is already committed.
+        /// Whether the marker row is already committed. Must never see another
+        /// transaction's uncommitted marker, whatever the session's isolation level: that
+        /// transaction may still roll back.
         fn already_processed<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -129,8 +151,9 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Inserts the marker row; `Ok(false)` when the row was already there (committed
-        /// by another transaction, which this call waited for).
+        /// Inserts the marker row as the transaction's first statement; `Ok(false)` when
+        /// the row was already there (committed by another transaction, which this call
+        /// waited for). Also prepares whatever [`Backend::commit`] checks.
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -138,13 +161,23 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Commits the transaction the marker was inserted in, after checking that the
-        /// database has not rolled it back underneath a handler that carried on past the
-        /// error: committing then would commit nothing, and `Processed` would lose the
-        /// message. On `Err` the transaction is over, rolled back.
+        /// Commits the transaction the marker was inserted in, after checking that it is
+        /// still that transaction: the database may have rolled it back underneath a
+        /// handler that carried on past the error (committing then would commit nothing,
+        /// and `Processed` would lose the message), or a statement may have committed it
+        /// early. On `Err` the transaction is over.
         fn commit<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// Rolls back after the body returned `Err`. `Err` is an error that explains the
+        /// call better than the body's own: the rollback failed, or the transaction had
+        /// already committed underneath the body.
+        fn abandon<'c, C>(
+            conn: &'c mut C,
         ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;

@@ -10,31 +10,96 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
-/// MariaDB ends the message with `for key 'ux_inbox_message_consumer'`, MySQL 8.0.19+
-/// with `for key 'inbox.ux_inbox_message_consumer'`. Only the end of the message is
-/// ours: the duplicate value quoted before it is the caller's data.
+/// Whether a unique violation names the inbox's index. The server's message is
+/// translated into the session's `lc_messages`, but every translation quotes the
+/// duplicate value first and the key's name last: MariaDB as `'ux_inbox_message_consumer'`,
+/// MySQL 8.0.19+ as `'inbox.ux_inbox_message_consumer'`. Only that last quoted name is
+/// read: the value before it is the caller's data.
 pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
-    let message = info.message();
-    message
-        .strip_suffix('\'')
-        .and_then(|rest| rest.strip_suffix(INDEX_NAME))
-        .is_some_and(|rest| rest.ends_with("for key '") || rest.ends_with("for key 'inbox."))
+    let Some((quoted, _after)) = info.message().rsplit_once('\'') else {
+        return false;
+    };
+    let Some((_before, key)) = quoted.rsplit_once('\'') else {
+        return false;
+    };
+    key.strip_prefix("inbox.").unwrap_or(key) == INDEX_NAME
 }
 
-/// 1213 deadlock and 1205 lock wait timeout, which diesel-async reports as `Unknown`,
-/// and the driver's texts for a lost connection.
+/// 1213 deadlock, 1205 lock wait timeout, 1317 query interrupted (`KILL QUERY`) and
+/// 1969 statement timeout (`max_statement_time`), which diesel-async reports as `Unknown`
+/// with only the message, as MariaDB words it in each `lc_messages` language. A waiting
+/// marker insert ends in these by design, and so does a body's statement that lost a
+/// race for a lock: the delivery must be retried, never dead-lettered.
+const RETRYABLE_SERVER_MESSAGES: &[&str] = &[
+    // 1205, lock wait timeout
+    "Lock wait timeout exceeded; try restarting transaction",
+    "锁等待超时;尝试重新启动事务",
+    "Lock wait timeout overskredet",
+    "Kontrollaeg ületatud luku järel ootamisel; Proovi transaktsiooni otsast alata",
+    "Timeout sur l'obtention du verrou",
+    "Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten",
+    "ბლოკის მოლოდინის ვადა ამოიწურა",
+    "E' scaduto il timeout per l'attesa del lock",
+    "ロック待ちがタイムアウトしました。",
+    "Lock wacht tijd overschreden",
+    "Tempo de espera (timeout) de travamento excedido",
+    "Таймаут ожидания блокировки истек",
+    "Vremenski limit za zaključavanje tabele je istekao",
+    "Tiempo de espera de bloqueo excedido",
+    "Fick inte ett lås i tid",
+    "Затримку очікування блокування вичерпано",
+    // 1213, deadlock
+    "Deadlock found when trying to get lock; try restarting transaction",
+    "试图锁定时发现僵局",
+    "Lukustamisel tekkis tupik (deadlock)",
+    "Deadlock découvert en essayant d'obtenir les verrous",
+    "Beim Versuch, eine Sperre anzufordern, ist ein Deadlock aufgetreten",
+    "ჩიხი ბლოკის მიღების მცდელობისას",
+    "Trovato deadlock durante il lock",
+    "ロック取得中にデッドロックが検出されました。",
+    "Deadlock gevonden tijdens lock-aanvraag poging",
+    "Encontrado um travamento fatal (deadlock)",
+    "Возникла тупиковая ситуация в процессе получения блокировки",
+    "Unakrsno zaključavanje pronađeno",
+    "Encontrado estancamiento (deadlock)",
+    "Fick 'DEADLOCK' vid låsförsök",
+    "Взаємне блокування знайдено",
+    // 1317, query interrupted; 1969, statement timeout (same opening where translated)
+    "Query execution was interrupted",
+    "查询执行中断",
+    "Ausführung der Abfrage wurde unterbrochen",
+    "მოთხოვნის შესრულება შეწყვეტილია",
+    "Se ha interrumpido la ejecución de la consulta",
+    "Se ha interrumpido la ejecución de una consulta",
+];
+
+/// 1305 for one of diesel's savepoints: InnoDB rolled back the whole transaction under a
+/// nested `conn.transaction` (a deadlock does this), so the `ROLLBACK TO SAVEPOINT` that
+/// followed found nothing, and its error replaced the deadlock's. Every translation
+/// opens with the object's kind and name (`%s %s`, in Chinese `%s%s`).
+fn is_lost_diesel_savepoint(message: &str) -> bool {
+    message
+        .strip_prefix("SAVEPOINT")
+        .is_some_and(|rest| rest.trim_start().starts_with("diesel_savepoint_"))
+}
+
+/// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
+/// retry: lock conflicts and interrupted waits in any server language, a transaction
+/// rolled back under a nested savepoint, and the driver's texts for a lost connection.
 pub(crate) fn is_transient(message: &str) -> bool {
-    [
-        "Deadlock found when trying to get lock",
-        "Lock wait timeout exceeded",
-        "Input/output error",
-        "Lost connection to",
-        "server has gone away",
-        "Connection was killed",
-        "Connection to the server is closed",
-    ]
-    .iter()
-    .any(|pattern| message.contains(pattern))
+    RETRYABLE_SERVER_MESSAGES
+        .iter()
+        .any(|text| message.starts_with(text))
+        || is_lost_diesel_savepoint(message)
+        || [
+            "Input/output error",
+            "Lost connection to",
+            "server has gone away",
+            "Connection was killed",
+            "Connection to the server is closed",
+        ]
+        .iter()
+        .any(|pattern| message.contains(pattern))
 }
 
 #[cfg(feature = "mysql")]
@@ -42,16 +107,39 @@ mod imp {
     use std::future::Future;
 
     use diesel::QueryResult;
+    use diesel::mysql::Mysql;
+    use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
     use diesel::result::{DatabaseErrorKind, Error};
+    use diesel::sql_types::{Bool, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
     use super::super::queries::plain_insert;
+    use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker};
-    use super::names_inbox_index;
     use crate::schema::INDEX_NAME;
 
-    impl sealed::Backend for diesel::mysql::Mysql {
-        shared_statements!(already_processed, commit);
+    /// Records the new marker's id for [`SavepointBackend::own_marker_committed`], and sets
+    /// the savepoint that [`savepoint::commit`] releases. A session variable outlives the
+    /// transaction, and `LAST_INSERT_ID()` would change with the body's own inserts.
+    const AFTER_MARKER_INSERT: &str = concat!(
+        "SET @diesel_inbox_marker_id = LAST_INSERT_ID(); SAVEPOINT ",
+        savepoint!()
+    );
+
+    impl sealed::Backend for Mysql {
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            CommittedMarkerExists {
+                message_id: marker.message_id.clone(),
+                consumer: marker.consumer,
+            }
+            .get_result(conn)
+        }
 
         fn insert_marker<'c, C>(
             conn: &'c mut C,
@@ -62,16 +150,33 @@ mod imp {
         {
             let insert = plain_insert(marker.message_id.clone(), marker.consumer);
             async move {
-                match insert.execute(conn).await {
-                    Ok(_) => Ok(true),
-                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info))
-                        if names_inbox_index(info.as_ref()) =>
-                    {
-                        Ok(false)
-                    }
+                match insert.execute(&mut *conn).await {
+                    Ok(_) => conn.batch_execute(AFTER_MARKER_INSERT).await.map(|()| true),
+                    // Our own statement on our own table: its only unique index besides the
+                    // auto-increment key is the inbox's, whatever language the message is in.
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
                     Err(other) => Err(other),
                 }
             }
+        }
+
+        fn commit<'c, C>(
+            conn: &'c mut C,
+            _marker: &Marker,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            savepoint::commit(conn)
+        }
+
+        fn abandon<'c, C>(
+            conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            savepoint::abandon(conn)
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
@@ -95,6 +200,48 @@ mod imp {
                 Err(_) if inbox_index_exists(conn).await? => Ok(()),
                 result => result,
             }
+        }
+    }
+
+    impl SavepointBackend for Mysql {
+        fn own_marker_committed<'c, C>(
+            conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // Rare: only after the transaction ended underneath the body.
+            diesel::select(diesel::dsl::sql::<Bool>(
+                "EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id)",
+            ))
+            .get_result(conn)
+        }
+    }
+
+    /// `SELECT EXISTS (… LOCK IN SHARE MODE)` for the fast path. A locking read sees only
+    /// committed rows at every isolation level, and waits for a transaction that holds the
+    /// key; a plain read at READ UNCOMMITTED would see another delivery's marker before
+    /// that delivery commits, or rolls back. MariaDB has no `FOR SHARE`, which diesel's
+    /// `for_share()` writes; written by hand, the statement stays in the prepared
+    /// statement cache.
+    #[derive(QueryId)]
+    struct CommittedMarkerExists {
+        message_id: String,
+        consumer: &'static str,
+    }
+
+    impl Query for CommittedMarkerExists {
+        type SqlType = Bool;
+    }
+
+    impl QueryFragment<Mysql> for CommittedMarkerExists {
+        fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+            out.push_sql("SELECT EXISTS (SELECT 1 FROM `inbox` WHERE `message_id` = ");
+            out.push_bind_param::<Text, _>(&self.message_id)?;
+            out.push_sql(" AND `consumer` = ");
+            out.push_bind_param::<Text, _>(self.consumer)?;
+            out.push_sql(" LOCK IN SHARE MODE)");
+            Ok(())
         }
     }
 

@@ -20,13 +20,16 @@ const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 
 /// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by
 /// (in the server's `lc_messages` language; these are the English texts): 40P01
-/// deadlock, 55P03 lock not available, and 25P02, a transaction aborted by an earlier
-/// error that the handler did not propagate.
+/// deadlock, 55P03 lock not available, 57014 a statement cancelled (by `lock_timeout`,
+/// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
+/// waiting for another delivery is cut short this way), 57P01 a terminated connection,
+/// and 25P02, a transaction aborted by an earlier error that the handler did not
+/// propagate.
 pub(crate) fn is_transient(message: &str) -> bool {
     [
         "deadlock detected",
         "could not obtain lock",
-        "canceling statement due to lock timeout",
+        "canceling statement due to",
         ABORTED_TRANSACTION,
         "terminating connection",
     ]
@@ -39,12 +42,12 @@ mod imp {
     use std::future::Future;
 
     use diesel::QueryResult;
-    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
     use diesel::result::{DatabaseErrorKind, Error};
-    use diesel_async::{AsyncConnection, TransactionManager};
+    use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
+    use super::super::queries::marker_exists;
     use super::super::sealed::{self, Marker};
-    use super::super::{roll_back_for, rolled_back_underneath};
+    use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
     use super::ABORTED_TRANSACTION;
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
@@ -52,7 +55,27 @@ mod imp {
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
     impl sealed::Backend for diesel::pg::Pg {
-        shared_statements!(already_processed, insert_marker);
+        insert_marker_on_conflict_do_nothing!();
+
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // PostgreSQL never reads uncommitted rows, at any isolation level.
+            marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
+        }
+
+        fn abandon<'c, C>(
+            conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            C::TransactionManager::rollback_transaction(conn)
+        }
 
         fn commit<'c, C>(
             conn: &'c mut C,
@@ -81,27 +104,15 @@ mod imp {
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let lock = format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})");
-            conn.transaction(async |conn| {
-                conn.batch_execute(&lock).await?;
-                conn.batch_execute(include_str!(
-                    "../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"
-                ))
-                .await
-            })
-            .await
-        }
-    }
-
-    /// Records in the transaction manager that the COMMIT it did not send has ended the
-    /// transaction. Had the call been cancelled before this, the manager would still
-    /// count a transaction, and pools discard such a connection.
-    fn leave_transaction<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
-        match C::TransactionManager::transaction_manager_status_mut(conn) {
-            TransactionManagerStatus::Valid(status) => {
-                status.change_transaction_depth(TransactionDepthChange::DecreaseDepth)
-            }
-            TransactionManagerStatus::InError => Err(Error::BrokenTransactionManager),
+            // One simple query runs as one transaction, so the advisory lock is held until
+            // the tables exist. Sent as a single batch rather than through
+            // `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a
+            // concrete connection (rust-lang/rust#100013): `migrate` must be spawnable.
+            let migration = format!(
+                "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {}",
+                include_str!("../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql")
+            );
+            conn.batch_execute(&migration).await
         }
     }
 

@@ -20,13 +20,65 @@ pub(crate) fn is_transient(message: &str) -> bool {
 
 #[cfg(feature = "sqlite")]
 mod imp {
+    use std::future::Future;
+
     use diesel::QueryResult;
-    use diesel_async::AsyncConnection;
+    use diesel::dsl::{exists, not, select};
+    use diesel::prelude::*;
+    use diesel::sqlite::Sqlite;
+    use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::sealed;
+    use super::super::queries::marker_row;
+    use super::super::savepoint::{self, SavepointBackend, savepoint};
+    use super::super::sealed::{self, Marker};
 
-    impl sealed::Backend for diesel::sqlite::Sqlite {
-        shared_statements!(already_processed, commit, insert_marker);
+    diesel::table! {
+        /// The connection's `PRAGMA read_uncommitted`, as a table-valued function.
+        pragma_read_uncommitted (read_uncommitted) {
+            read_uncommitted -> Bool,
+        }
+    }
+
+    impl sealed::Backend for Sqlite {
+        insert_marker_on_conflict_do_nothing!(then concat!("SAVEPOINT ", savepoint!()));
+
+        fn already_processed<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // With a shared cache and `PRAGMA read_uncommitted = 1`, a read sees other
+            // connections' uncommitted markers. Such a connection never trusts a read and
+            // leaves the answer to the transaction.
+            let reads_uncommitted = pragma_read_uncommitted::table
+                .filter(pragma_read_uncommitted::read_uncommitted.eq(true));
+            select(
+                exists(marker_row(marker.message_id.clone(), marker.consumer))
+                    .and(not(exists(reads_uncommitted))),
+            )
+            .get_result(conn)
+        }
+
+        fn commit<'c, C>(
+            conn: &'c mut C,
+            _marker: &Marker,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            savepoint::commit(conn)
+        }
+
+        fn abandon<'c, C>(
+            conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            savepoint::abandon(conn)
+        }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
         where
@@ -37,6 +89,19 @@ mod imp {
                 "../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
             ))
             .await
+        }
+    }
+
+    impl SavepointBackend for Sqlite {
+        fn own_marker_committed<'c, C>(
+            _conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // SQLite commits only when told to: no statement commits implicitly, so a
+            // transaction that ended underneath the body was rolled back.
+            std::future::ready(Ok(false))
         }
     }
 }

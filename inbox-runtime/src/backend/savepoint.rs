@@ -1,0 +1,102 @@
+//! How MySQL/MariaDB and SQLite prove, at COMMIT, that the transaction is still the one
+//! that inserted this call's marker.
+//!
+//! A savepoint set right after the marker insert lives exactly as long as that
+//! transaction. Whatever ends the transaction underneath the body takes the savepoint
+//! with it: InnoDB rolling it back after a deadlock, a lock wait timeout or a Galera
+//! conflict, SQLite's `OR ROLLBACK`, an implicit commit by DDL on MySQL. So
+//! `RELEASE SAVEPOINT …; COMMIT`, sent as one batch that the server abandons at its first
+//! error, commits only that transaction, in one round trip. Asking instead whether *a*
+//! marker with this key exists is fooled once the transaction is gone: another delivery,
+//! which was waiting for the key, may have committed its own marker by then.
+
+use std::future::Future;
+
+use diesel::QueryResult;
+use diesel::result::Error;
+use diesel_async::AsyncConnection;
+
+use super::sealed::Backend;
+use super::{committed_early, leave_transaction, roll_back_for, rolled_back_underneath};
+
+/// Set right after the marker insert: it names the transaction that holds the marker.
+macro_rules! savepoint {
+    () => {
+        "diesel_inbox_marker"
+    };
+}
+pub(super) use savepoint;
+
+const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT");
+const RELEASE_AND_ROLLBACK: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
+
+/// A backend whose commit check is the savepoint.
+pub(super) trait SavepointBackend: Backend {
+    /// Once the savepoint was found gone and the transaction manager has been brought
+    /// back outside a transaction: whether this call's marker is committed, which only
+    /// an early commit does. A rollback leaves no marker of this call, though another
+    /// delivery's marker for the same key may be there by now.
+    fn own_marker_committed<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, Self, C>
+    where
+        C: AsyncConnection<Backend = Self>;
+}
+
+/// [`Backend::commit`] for a savepoint backend.
+pub(super) async fn commit<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend: SavepointBackend>,
+{
+    match conn.batch_execute(RELEASE_AND_COMMIT).await {
+        Ok(()) => leave_transaction(conn),
+        Err(error) if names_the_savepoint(&error) => Err(match ended_early(conn).await {
+            Ok(true) => committed_early(),
+            Ok(false) => rolled_back_underneath(),
+            Err(unknown) => unknown,
+        }),
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
+}
+
+/// [`Backend::abandon`] for a savepoint backend.
+pub(super) async fn abandon<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend: SavepointBackend>,
+{
+    match conn.batch_execute(RELEASE_AND_ROLLBACK).await {
+        Ok(()) => leave_transaction(conn),
+        Err(error) if names_the_savepoint(&error) => {
+            if ended_early(conn).await? {
+                Err(committed_early())
+            } else {
+                // Rolled back underneath the body: its own error tells why.
+                Ok(())
+            }
+        }
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
+}
+
+/// The transaction ended before the handler returned. Brings the transaction manager
+/// back outside a transaction (the ROLLBACK finds none to end, or ends one the body
+/// opened against the contract), then says whether this call's marker was committed.
+async fn ended_early<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend: SavepointBackend>,
+{
+    use diesel_async::TransactionManager;
+
+    match C::TransactionManager::rollback_transaction(conn).await {
+        // The connection noticed the end itself (SQLite reports its autocommit state).
+        Ok(()) | Err(Error::NotInTransaction) => {}
+        Err(error) => return Err(error),
+    }
+    C::Backend::own_marker_committed(conn).await
+}
+
+/// Whether the batch failed at `RELEASE SAVEPOINT` because the savepoint was gone. The
+/// server names the savepoint in every language it reports errors in.
+fn names_the_savepoint(error: &Error) -> bool {
+    matches!(error, Error::DatabaseError(_, info) if info.message().contains(savepoint!()))
+}
