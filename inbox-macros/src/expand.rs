@@ -1,12 +1,15 @@
 //! Writing the handler: the body moves into an async closure that
-//! `diesel_inbox::__private::run` calls inside the transaction.
+//! `diesel_inbox::__private::run` calls inside the transaction, while the parameters
+//! stay the handler's.
 
-use proc_macro2::{Span, TokenStream};
+use std::collections::HashSet;
+
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Ident, ItemFn, LitStr, ReturnType, parse_quote};
+use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote};
 
-use crate::validate::Handler;
+use crate::validate::{Handler, ungroup};
 
 pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let Handler {
@@ -21,20 +24,24 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         unreachable!("validation accepted only `-> Result<T, E>`")
     };
     let result = result.clone();
+    let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
     let body = &function.block;
-    // The closure's parameter reuses the connection's name, so the body can only reach
-    // the transaction's connection.
-    let closure = quote!(async move |#conn| -> #result #body);
+    // Not `move`: the parameters stay in the handler's frame, so the body's writes land
+    // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
+    // plain `async fn` (coroutines drop what they own when they complete, which for the
+    // body would be before COMMIT). The closure's parameter reuses the connection's name,
+    // so the body can only reach the transaction's connection.
+    let closure = quote!(async |#conn| -> #result { #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
-    // Evaluated before the body takes the parameters, and spanned at the key so that a
-    // key without `InboxKey` is reported there.
+    // Evaluated before the transaction, and spanned at the key so that a key without
+    // `InboxKey` is reported there.
     let encode = quote_spanned!(key.span()=> ::diesel_inbox::__private::encode_key(&(#key)));
     // Spanned at the error type, so that an error type without the conversion is
     // reported at the handler's signature.
     let into_error = quote_spanned!(err.span()=>
         <#err as ::diesel_inbox::__private::HandlerError>::from_diesel
     );
-    // Evaluated before the body takes the parameters, like the key.
+    // Evaluated before the transaction, like the key.
     let fast_path = match fast_path {
         None => quote!(::diesel_inbox::__private::FastPath::Adaptive),
         Some(when) => {
@@ -42,6 +49,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         }
     };
     let claim = consumer_claim(&consumer);
+    let not_in_trait_default = has_self(&function.sig).then(|| not_in_trait_default(&consumer));
     let handler = function.sig.ident.to_string();
     let registration = format_ident!("__INBOX_HANDLER", span = Span::mixed_site());
     let registered = quote!(::diesel_inbox::RegisteredHandler::new(
@@ -63,6 +71,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     );
     function.block = parse_quote!({
         #claim
+        #not_in_trait_default
         // `run` reads the consumer through this static's address: calling the handler
         // then links the object holding its registration, even when a generic handler
         // is instantiated in another crate.
@@ -81,24 +90,237 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
 /// A crate-root macro named after the consumer. A second handler with the same consumer
 /// defines the same name again, which `cargo check` reports (E0428) at both consumer
 /// literals: shared names would make one handler's markers silently suppress the other.
+/// That error's one line names only the macro, so the name says what happened and
+/// shows the consumer: `diesel_inbox_consumer_used_twice__kafka_orders_v1_sc` for
+/// `"kafka/orders:v1"`.
 fn consumer_claim(consumer: &LitStr) -> TokenStream {
-    let mut name = String::from("__diesel_inbox_consumer_");
-    // Injective: `_` always starts a two-character escape.
-    for c in consumer.value().chars() {
-        match c {
-            '_' => name.push_str("__"),
-            '-' => name.push_str("_h"),
-            '.' => name.push_str("_d"),
-            ':' => name.push_str("_c"),
-            '/' => name.push_str("_s"),
-            c => name.push(c),
-        }
-    }
-    let name = Ident::new(&name, consumer.span());
+    let name = Ident::new(
+        &format!(
+            "diesel_inbox_consumer_used_twice__{}",
+            encode_consumer(&consumer.value())
+        ),
+        consumer.span(),
+    );
     quote_spanned! {consumer.span()=>
         #[doc(hidden)]
         #[allow(non_local_definitions)]
         #[macro_export]
         macro_rules! #name { () => {}; }
+    }
+}
+
+/// The consumer as identifier characters, injectively and readably: each separator
+/// becomes `_`, and a suffix after a last `_` says which separator each was, in order
+/// (`h`yphen, `u`nderscore, `d`ot, `c`olon, `s`lash). The name has as many `_` as the
+/// suffix has letters, so the suffix is whatever follows the last `_`.
+fn encode_consumer(consumer: &str) -> String {
+    let mut readable = String::with_capacity(consumer.len());
+    let mut separators = String::new();
+    for c in consumer.chars() {
+        let letter = match c {
+            '-' => 'h',
+            '_' => 'u',
+            '.' => 'd',
+            ':' => 'c',
+            '/' => 's',
+            c => {
+                readable.push(c);
+                continue;
+            }
+        };
+        readable.push('_');
+        separators.push(letter);
+    }
+    if !separators.is_empty() {
+        readable.push('_');
+        readable.push_str(&separators);
+    }
+    readable
+}
+
+/// Makes the body borrow each parameter it mentions, whole and mutably, instead of
+/// letting the closure pick what to capture: edition 2021 closures capture disjoint
+/// fields, so `d.acked = true` would assign a field of a copy, and a parameter only read
+/// would be captured by shared reference, making the handler's future require `Sync`
+/// where a plain `async fn` needs only `Send`. Parameters the body does not mention
+/// are not captured, so they keep their "unused variable" warnings.
+///
+/// Adds the `mut` that a mutable borrow needs to each such binding whose binding mode
+/// is known to be by value: the whole parameter, or a name inside a tuple pattern of a
+/// tuple type. Others are borrowed only if already `mut` (a `ref` binding is a reference
+/// already). Returns one `let _ = &mut name;` per binding, under the parameter's `cfg`,
+/// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind.
+fn borrow_parameters(sig: &mut Signature, conn: &Ident, body: &syn::Block) -> Vec<TokenStream> {
+    let mentioned = mentioned_names(quote!(#body));
+    let mut borrows = Vec::new();
+    for input in &mut sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => {
+                if !mentioned.contains("self") {
+                    continue;
+                }
+                let self_token = receiver.self_token;
+                borrows.push(match (&receiver.reference, receiver.mutability) {
+                    (Some(_), Some(_)) => quote!(let _ = &mut *#self_token;),
+                    (Some(_), None) => quote!(let _ = &*#self_token;),
+                    (None, _) => {
+                        receiver.mutability = Some(<Token![mut]>::default());
+                        quote!(let _ = &mut #self_token;)
+                    }
+                });
+            }
+            FnArg::Typed(typed) => {
+                if matches!(typed.pat.as_ref(), Pat::Ident(pat) if pat.ident == *conn) {
+                    continue;
+                }
+                let cfg = typed
+                    .attrs
+                    .iter()
+                    .filter(|attr| attr.path().is_ident("cfg"));
+                let cfg = quote!(#(#cfg)*);
+                let mut names = Vec::new();
+                bindings(&mut typed.pat, Some(&typed.ty), &mentioned, &mut names);
+                borrows.extend(
+                    names
+                        .into_iter()
+                        .map(|name| quote!(#cfg let _ = &mut #name;)),
+                );
+            }
+        }
+    }
+    borrows
+}
+
+/// The by-value bindings of `pat` that can be borrowed mutably, adding `mut` where the
+/// binding mode is known to be by value: `ty` is the type `pat` matches, when known.
+fn bindings(pat: &mut Pat, ty: Option<&Type>, mentioned: &HashSet<String>, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(binding) => {
+            if binding.by_ref.is_some() || !mentioned.contains(&binding.ident.to_string()) {
+                return;
+            }
+            if binding.mutability.is_none() {
+                // Only a binding matched by value can be made `mut`; under a
+                // reference's default binding mode `mut` would be an error.
+                if ty.is_none() {
+                    return;
+                }
+                binding.mutability = Some(<Token![mut]>::default());
+            }
+            out.push(binding.ident.clone());
+        }
+        Pat::Tuple(tuple) => {
+            let mut types = match ty.map(ungroup) {
+                Some(Type::Tuple(types)) if types.elems.len() == tuple.elems.len() => {
+                    Some(types.elems.iter())
+                }
+                _ => None,
+            };
+            for elem in &mut tuple.elems {
+                let ty = types.as_mut().and_then(Iterator::next);
+                bindings(elem, ty, mentioned, out);
+            }
+        }
+        Pat::Paren(paren) => bindings(&mut paren.pat, ty, mentioned, out),
+        Pat::Reference(reference) => bindings(&mut reference.pat, None, mentioned, out),
+        Pat::Slice(slice) => {
+            for elem in &mut slice.elems {
+                bindings(elem, None, mentioned, out);
+            }
+        }
+        Pat::Struct(fields) => {
+            for field in &mut fields.fields {
+                bindings(&mut field.pat, None, mentioned, out);
+            }
+        }
+        Pat::TupleStruct(fields) => {
+            for elem in &mut fields.elems {
+                bindings(elem, None, mentioned, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every identifier in `tokens`, and every word of its literals, where inline format
+/// arguments (`"{id}"`) name variables.
+fn mentioned_names(tokens: TokenStream) -> HashSet<String> {
+    let mut names = HashSet::new();
+    let mut stack = vec![tokens];
+    while let Some(tokens) = stack.pop() {
+        for token in tokens {
+            match token {
+                TokenTree::Ident(ident) => {
+                    names.insert(ident.to_string());
+                }
+                TokenTree::Group(group) => stack.push(group.stream()),
+                TokenTree::Literal(literal) => names.extend(
+                    literal
+                        .to_string()
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .map(str::to_owned),
+                ),
+                TokenTree::Punct(_) => {}
+            }
+        }
+    }
+    names
+}
+
+/// Whether the handler is a method or its signature names `Self`: only then can its
+/// body name `Self` (a free function has none).
+fn has_self(sig: &Signature) -> bool {
+    fn names_self(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            TokenTree::Ident(ident) => ident == "Self",
+            TokenTree::Group(group) => names_self(group.stream()),
+            _ => false,
+        })
+    }
+    sig.receiver().is_some() || names_self(quote!(#sig))
+}
+
+/// Fails to compile in a trait's default method, whose consumer every implementor would
+/// share: one implementor's markers would then make the others' deliveries `Duplicate`.
+/// The attribute sees only the function, so the check goes by what differs in its body:
+/// a trait's `Self` is not `Sized` unless the trait requires it, while the type of an
+/// `impl` block practically always is.
+fn not_in_trait_default(consumer: &LitStr) -> TokenStream {
+    quote_spanned! {consumer.span()=>
+        {
+            #[diagnostic::on_unimplemented(
+                message = "`#[idempotent]` cannot go on a trait's default method",
+                label = "every implementor would share this consumer and its markers",
+                note = "put `#[idempotent]` on each implementor's method, with a consumer of its own; \
+                        the methods can share their body through a helper"
+            )]
+            trait __InboxNotInTraitDefault {}
+            impl<T> __InboxNotInTraitDefault for T {}
+            fn __inbox_not_in_trait_default<T: ?::core::marker::Sized + __InboxNotInTraitDefault>() {}
+            __inbox_not_in_trait_default::<Self>();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode_consumer;
+
+    #[test]
+    fn consumers_encode_readably() {
+        assert_eq!(encode_consumer("credit"), "credit");
+        assert_eq!(encode_consumer("shared-name"), "shared_name_h");
+        assert_eq!(encode_consumer("kafka/orders:v1"), "kafka_orders_v1_sc");
+    }
+
+    #[test]
+    fn consumers_encode_injectively() {
+        let names = [
+            "a-b", "a_b", "a.b", "a:b", "a/b", "a_-b", "a-_b", "a__h", "a-", "a_h",
+        ];
+        let mut encoded: Vec<String> = names.iter().map(|name| encode_consumer(name)).collect();
+        encoded.sort();
+        encoded.dedup();
+        assert_eq!(encoded.len(), names.len());
     }
 }

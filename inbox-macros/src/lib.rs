@@ -65,11 +65,16 @@ use quote::ToTokens;
 /// ```ignore
 /// async fn credit(
 ///     conn: &mut AsyncPgConnection,
-///     msg: &CreditRequested,
+///     // `mut` for the borrow in the body below. Parameters the body never names are
+///     // left as they are, and so is the connection.
+///     mut msg: &CreditRequested,
 /// ) -> Result<diesel_inbox::Outcome<()>, AppError> {
-///     // Claims the consumer name: a second handler named "credit" fails with E0428.
+///     // Claims the consumer name: a second handler named "credit" in the crate fails
+///     // with E0428, "the name `diesel_inbox_consumer_used_twice__credit` is defined
+///     // multiple times". Separators become `_`, listed after a last `_`:
+///     // "kafka/orders:v1" claims `…used_twice__kafka_orders_v1_sc`.
 ///     #[macro_export]
-///     macro_rules! __diesel_inbox_consumer_credit { () => {}; }
+///     macro_rules! diesel_inbox_consumer_used_twice__credit { () => {}; }
 ///
 ///     // Lists the handler for `diesel_inbox::check_consumers`, which finds consumer
 ///     // names shared across crates at start-up.
@@ -87,13 +92,19 @@ use quote::ToTokens;
 ///         diesel_inbox::__private::FastPath::Adaptive,
 ///         // How the inbox's own database errors become the handler's error type.
 ///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
-///         // `conn` here is the transaction's connection, shadowing the parameter.
-///         async move |conn| -> Result<(), AppError> {
-///             diesel::update(accounts::table.find(msg.account_id))
-///                 .set(accounts::balance.eq(accounts::balance + msg.amount))
-///                 .execute(conn)
-///                 .await?;
-///             Ok(())
+///         // Not `move`: the parameters stay the handler's. `conn` here is the
+///         // transaction's connection, shadowing the parameter.
+///         async |conn| -> Result<(), AppError> {
+///             // Borrows each parameter the body names, whole and mutably: the closure
+///             // then captures neither a copy of a field nor a shared reference.
+///             let _ = &mut msg;
+///             {
+///                 diesel::update(accounts::table.find(msg.account_id))
+///                     .set(accounts::balance.eq(accounts::balance + msg.amount))
+///                     .execute(conn)
+///                     .await?;
+///                 Ok(())
+///             }
 ///         },
 ///     )
 ///     .await
@@ -105,20 +116,37 @@ use quote::ToTokens;
 /// that holds the same key), runs the body, checks that the database has not rolled the
 /// transaction back underneath it, and commits.
 ///
+/// The body sees its parameters as the plain function would: it can assign to them and
+/// their fields, and move them. They stay the handler's, and drop when it returns, after
+/// COMMIT or ROLLBACK: an ack handle or a lock guard passed in is released only once the
+/// transaction is over. A parameter the body moves is the body's from there on; on a
+/// path where the body does not move it after all, it drops when the body returns,
+/// before COMMIT. The handler's future is `Send` when the plain function's would be;
+/// only a name bound without `mut` inside a struct, slice or reference pattern is
+/// captured as the body uses it, so one the body only reads must also be `Sync`.
+///
+/// A method, or a function whose signature names `Self`, also gets a check at the top
+/// of its body that fails to compile in a trait's default method (see below).
+///
 /// # Errors
 ///
 /// Compile errors, each placed on the offending tokens, for: an attribute on anything
-/// but a function; a function that is not `async`, or is `const`, `unsafe`, `extern` or
-/// variadic; a return type that is not `Result<T, E>`; a missing, duplicate or unknown
-/// argument (with the closest valid name suggested); a consumer that is not a string
-/// literal, is empty, longer than 200 bytes, outside the character set, or already used
-/// by another handler of the crate; `conn` naming no parameter, or no connection
-/// parameter found, or several `&mut` candidates; a key whose type does not implement
-/// `InboxKey` (at the key); an error type without `From<diesel::result::Error>` (at the
-/// error type in the signature); a method already rewritten by `#[async_trait]`, whose
-/// boxed future the attribute cannot reach (use an inherent `async fn`, or a native
-/// `async fn` in the trait). All argument and signature mistakes are reported in one
-/// build, and the function is still emitted, so completion keeps working.
+/// but a function, or applied twice (at the second); a function that is not `async`, or
+/// is `const`, `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>`;
+/// a missing, duplicate or unknown argument (with the closest valid name suggested); a
+/// consumer that is not a string literal, is empty, longer than 200 bytes, outside the
+/// character set, or already used by another handler of the crate (E0428, naming
+/// `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no parameter, or no
+/// connection parameter found, or several `&mut` candidates; a key whose type does not
+/// implement `InboxKey` (at the key); an error type without
+/// `From<diesel::result::Error>` (at the error type in the signature); a trait's default
+/// method, whose consumer every implementor would share (at the consumer; recognised by
+/// its `?Sized` `Self`, so not in a trait that requires `Self: Sized`, nor in a method
+/// that neither takes `self` nor names `Self` in its signature); a method already
+/// rewritten by `#[async_trait]`, whose boxed future the attribute cannot reach (use an
+/// inherent `async fn`, or a native `async fn` in the trait). All argument and signature
+/// mistakes are reported in one build, and the function is still emitted, so completion
+/// keeps working.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
@@ -133,13 +161,24 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return output.into();
         }
     };
+    // Reported, and removed so that the handler is rewritten once: a second rewrite
+    // would nest its transaction inside the first one's and register a second consumer.
+    let repeated = validate::repeated_attribute(&mut function.attrs);
     let handler =
         syn::parse::<args::Arguments>(args).and_then(|args| validate::validate(args, &function));
-    match handler {
-        Ok(handler) => expand::expand(handler, function).into(),
+    match (handler, repeated) {
+        (Ok(handler), None) => expand::expand(handler, function).into(),
+        (Ok(handler), Some(error)) => {
+            let mut output = error.into_compile_error();
+            output.extend(expand::expand(handler, function));
+            output.into()
+        }
         // The function is kept so that completion still works on it, without the
         // qualifiers already reported, which would only add rustc's own errors.
-        Err(error) => {
+        (Err(mut error), repeated) => {
+            if let Some(repeated) = repeated {
+                error.combine(repeated);
+            }
             function.sig.constness = None;
             function.sig.variadic = None;
             let mut output = error.into_compile_error();

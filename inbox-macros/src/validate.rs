@@ -2,8 +2,8 @@
 
 use syn::spanned::Spanned;
 use syn::{
-    Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, PathArguments,
-    ReturnType, Type,
+    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat,
+    PathArguments, ReturnType, Type,
 };
 
 use crate::args::{ARGUMENTS, Arguments};
@@ -38,6 +38,28 @@ impl Errors {
     fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
         self.push(syn::Error::new_spanned(tokens, message));
     }
+}
+
+/// Removes any further `#[idempotent]` from the handler's attributes, with an error at
+/// each: the attribute receives the item with the attributes written after it.
+pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Error> {
+    let mut errors = Errors::default();
+    attrs.retain(|attr| {
+        let repeated = attr
+            .path()
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "idempotent");
+        if repeated {
+            errors.spanned(
+                attr,
+                "`#[idempotent]` is already applied above: a handler runs in one transaction, \
+                 under one consumer; remove this one",
+            );
+        }
+        !repeated
+    });
+    errors.0
 }
 
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, syn::Error> {
@@ -78,7 +100,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             "missing `key = …`: the expression that identifies the message, such as `msg.id`",
         ));
     }
-    let conn = conn.and_then(|value| match value {
+    let conn = conn.and_then(|value| match ungroup_expr(&value) {
         Expr::Path(path) if path.path.get_ident().is_some() => path.path.get_ident().cloned(),
         other => {
             errors.spanned(other, "`conn` takes the name of the connection parameter");
@@ -136,7 +158,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
 fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
     let Expr::Lit(ExprLit {
         lit: Lit::Str(lit), ..
-    }) = value
+    }) = ungroup_expr(value)
     else {
         errors.spanned(
             value,
@@ -210,12 +232,7 @@ fn returns_boxed_future(output: &ReturnType) -> bool {
     let ReturnType::Type(_, ty) = output else {
         return false;
     };
-    let mut ty = ty.as_ref();
-    // Macro-generated signatures may wrap the type in invisible groups.
-    while let Type::Group(group) = ty {
-        ty = &group.elem;
-    }
-    matches!(ty, Type::Path(path)
+    matches!(ungroup(ty), Type::Path(path)
         if path.path.segments.last().is_some_and(|last| last.ident == "Pin"))
 }
 
@@ -227,7 +244,7 @@ fn result_types(output: &ReturnType, errors: &mut Errors) -> Option<(Type, Type)
         errors.push(syn::Error::new(output.span(), message));
         return None;
     };
-    let found = match ty.as_ref() {
+    let found = match ungroup(ty) {
         Type::Path(path) if path.qself.is_none() => path.path.segments.last().and_then(|last| {
             let PathArguments::AngleBracketed(generics) = &last.arguments else {
                 return None;
@@ -285,7 +302,7 @@ fn connection_parameter(
     }
     let mutable: Vec<&Ident> = typed()
         .filter(
-            |(_, ty)| matches!(ty, Type::Reference(reference) if reference.mutability.is_some()),
+            |(_, ty)| matches!(ungroup(ty), Type::Reference(reference) if reference.mutability.is_some()),
         )
         .map(|(ident, _)| ident)
         .collect();
@@ -311,6 +328,24 @@ fn connection_parameter(
             None
         }
     }
+}
+
+/// `expr` without the invisible groups that `macro_rules!` fragments (`$c:literal`,
+/// `$c:expr`) arrive in.
+fn ungroup_expr(mut expr: &Expr) -> &Expr {
+    while let Expr::Group(group) = expr {
+        expr = &group.expr;
+    }
+    expr
+}
+
+/// `ty` without the invisible groups that `macro_rules!` fragments (`$t:ty`) and
+/// macro-generated signatures arrive in.
+pub(crate) fn ungroup(mut ty: &Type) -> &Type {
+    while let Type::Group(group) = ty {
+        ty = &group.elem;
+    }
+    ty
 }
 
 #[cfg(test)]
