@@ -21,7 +21,7 @@ use diesel_async::{
     AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
 use diesel_inbox::schema::inbox;
-use diesel_inbox::{ErrorClass, InboxBackend, classify};
+use diesel_inbox::InboxBackend;
 
 use crate::cli::Backend;
 use crate::target::Target;
@@ -65,21 +65,6 @@ diesel::define_sql_function! {
 #[diesel::dsl::auto_type]
 fn credit_account(account: i64, amount: i64) -> _ {
     update(accounts::table.find(account)).set(accounts::balance.eq(accounts::balance + amount))
-}
-
-#[diesel::dsl::auto_type]
-fn marker_row(message_id: String, consumer: &'static str) -> _ {
-    inbox::table.filter(
-        inbox::message_id
-            .eq(message_id)
-            .and(inbox::consumer.eq(consumer)),
-    )
-}
-
-#[diesel::dsl::auto_type]
-fn marker_exists(message_id: String, consumer: &'static str) -> _ {
-    let row: marker_row = marker_row(message_id, consumer);
-    select(exists(row))
 }
 
 #[diesel::dsl::auto_type]
@@ -136,14 +121,6 @@ pub trait Statements: AsyncConnection {
         amount: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// `SELECT EXISTS(SELECT 1 FROM inbox WHERE message_id = $1 AND consumer = $2)`: the
-    /// fast path's read, and on MySQL and SQLite the check before COMMIT.
-    fn marker_exists(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<bool>> + Send;
-
     /// `INSERT INTO inbox (message_id, consumer) VALUES ($1, $2)`.
     fn plain_insert(
         &mut self,
@@ -184,7 +161,6 @@ impl<C> Statements for C
 where
     C: AsyncConnection + 'static,
     credit_account: ExecuteDsl<C> + Send + 'static,
-    marker_exists: LoadQuery<'static, C, bool> + Send + 'static,
     plain_insert: ExecuteDsl<C> + Send + 'static,
     peer_insert: ExecuteDsl<C> + Send + 'static,
     naive_seen: LoadQuery<'static, C, bool> + Send + 'static,
@@ -198,14 +174,6 @@ where
         amount: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         credit_account(account, amount).execute(self)
-    }
-
-    fn marker_exists(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<bool>> + Send {
-        marker_exists(message_id, consumer).get_result(self)
     }
 
     fn plain_insert(
@@ -353,30 +321,34 @@ impl BenchConnection for AsyncMysqlConnection {
     const BEGIN_SERIALIZABLE: &'static str =
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION";
 
-    /// A plain insert whose duplicate-key error names the inbox's index, as the library
-    /// does: MySQL's `ON DUPLICATE KEY` cannot tell a new row from a duplicate.
+    /// A plain insert, a duplicate-key error meaning a duplicate, as the library does:
+    /// MySQL's `ON DUPLICATE KEY` cannot tell a new row from a duplicate. Then the
+    /// marker's id and the savepoint the commit releases.
     async fn insert_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
         match self.plain_insert(message_id, consumer).await {
-            Ok(_) => Ok(true),
-            Err(error @ Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _))
-                if classify(&error) == ErrorClass::InboxDuplicate =>
-            {
-                Ok(false)
+            Ok(_) => {
+                self.batch_execute(
+                    "SET @diesel_inbox_marker_id = LAST_INSERT_ID(); \
+                     SAVEPOINT diesel_inbox_marker",
+                )
+                .await?;
+                Ok(true)
             }
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
             Err(other) => Err(other),
         }
     }
 
     fn commit_checked(
         &mut self,
-        message_id: String,
-        consumer: &'static str,
+        _message_id: String,
+        _consumer: &'static str,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        commit_if_marker_there(self, message_id, consumer)
+        self.batch_execute(RELEASE_AND_COMMIT)
     }
 
     async fn lock_peer_row(
@@ -419,17 +391,20 @@ impl BenchConnection for SqliteConn {
         let inserted = plain_insert(message_id, consumer)
             .on_conflict((inbox::message_id, inbox::consumer))
             .do_nothing()
-            .execute(self)
+            .execute(&mut *self)
             .await?;
+        if inserted == 1 {
+            self.batch_execute("SAVEPOINT diesel_inbox_marker").await?;
+        }
         Ok(inserted == 1)
     }
 
     fn commit_checked(
         &mut self,
-        message_id: String,
-        consumer: &'static str,
+        _message_id: String,
+        _consumer: &'static str,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        commit_if_marker_there(self, message_id, consumer)
+        self.batch_execute(RELEASE_AND_COMMIT)
     }
 
     /// SQLite has no `FOR UPDATE`: `BEGIN IMMEDIATE` already holds the database's
@@ -457,25 +432,10 @@ impl BenchConnection for SqliteConn {
     }
 }
 
-/// The library's commit on MySQL and SQLite: the marker still being there proves that
-/// the database has not rolled the transaction back underneath the handler (a MySQL
-/// deadlock does) and begun a fresh one, whose COMMIT would commit nothing.
-async fn commit_if_marker_there<C: BenchConnection>(
-    conn: &mut C,
-    message_id: String,
-    consumer: &'static str,
-) -> QueryResult<()> {
-    if !conn.marker_exists(message_id, consumer).await? {
-        // Transient, as the library reports it: the message must be redelivered.
-        return Err(Error::DatabaseError(
-            DatabaseErrorKind::SerializationFailure,
-            Box::new(String::from(
-                "the transaction was rolled back before COMMIT; nothing was committed",
-            )),
-        ));
-    }
-    conn.batch_execute("COMMIT").await
-}
+/// The library's commit on MySQL and SQLite: the savepoint set after the marker insert
+/// is still there only in the transaction that inserted the marker, and the server skips
+/// the COMMIT when the RELEASE fails.
+const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT";
 
 /// Opens a connection to the target's own schema, database or file.
 pub async fn connect<C: BenchConnection>(target: &Target) -> anyhow::Result<C> {

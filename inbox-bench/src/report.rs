@@ -492,7 +492,8 @@ fn render_legend(w: &mut String) {
          without a unique index, then insert and credit in one transaction: cheap and not \
          exactly-once. (3) the statements `#[idempotent]` issues for a new message, written \
          by hand: BEGIN, marker insert, credit, then on PostgreSQL `SELECT 1; COMMIT` in one \
-         round trip, on MySQL and SQLite the marker's `SELECT EXISTS` check and COMMIT. (4) \
+         round trip; on MySQL and SQLite a savepoint after the marker insert (on MySQL with \
+         the marker's id), then `RELEASE SAVEPOINT …; COMMIT` in one round trip. (4) \
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \

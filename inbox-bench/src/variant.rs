@@ -170,10 +170,11 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 
 /// (3) The statements `#[idempotent]` issues for a new message, in its order. With
 /// unique keys its adaptive fast path never reads first, so neither does this: BEGIN, the
-/// marker insert, the credit, then the backend's checked commit (PostgreSQL: `SELECT 1;
-/// COMMIT` in one round trip; MySQL and SQLite: the marker's `SELECT EXISTS`, then
-/// COMMIT). A duplicate or an error rolls back. Transaction control is raw SQL because
-/// the library's PostgreSQL commit is not `AsyncConnection::transaction`'s.
+/// marker insert (on MySQL and SQLite followed by the savepoint, and on MySQL the
+/// marker's id, in one round trip), the credit, then the backend's checked commit in one
+/// round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …;
+/// COMMIT`). A duplicate or an error rolls back. Transaction control is raw SQL because
+/// the library's commit is not `AsyncConnection::transaction`'s.
 async fn hand_written<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
