@@ -20,8 +20,8 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{
     AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
-use diesel_inbox::schema::inbox;
 use diesel_inbox::InboxBackend;
+use diesel_inbox::schema::inbox;
 
 use crate::cli::Backend;
 use crate::target::Target;

@@ -680,6 +680,114 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 1).await, vec![1]);
 }
 
+/// Which transaction statement a cancellation test drops the handler at.
+#[derive(Debug, Clone, Copy)]
+enum Statement {
+    Begin,
+    Commit,
+    Rollback,
+}
+
+impl Statement {
+    /// Whether `sql`, as instrumentation reports it, is this statement (or a batch
+    /// ending in it).
+    fn is(self, sql: &str) -> bool {
+        match self {
+            Self::Begin => sql.starts_with("BEGIN"),
+            Self::Commit => sql.ends_with("COMMIT"),
+            Self::Rollback => sql.ends_with("ROLLBACK"),
+        }
+    }
+}
+
+/// Dropping the handler while BEGIN, COMMIT or ROLLBACK is in flight leaves the
+/// connection in a state its transaction manager cannot vouch for. The next call there
+/// must be refused, nothing may be half committed (a marker without its effect or the
+/// reverse), and a redelivery on a fresh connection applies the message once.
+pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D) {
+    create_tables(&db, 3).await;
+    for (n, statement) in [Statement::Begin, Statement::Commit, Statement::Rollback]
+        .into_iter()
+        .enumerate()
+    {
+        let message = Credit::new(n as i64);
+        let mut conn = db.connect().await;
+        let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::clone(&reached);
+        conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
+            if let InstrumentationEvent::StartQuery { query, .. } = event
+                && statement.is(&query.to_string())
+            {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        // The body fails where the ROLLBACK is the statement to cancel at.
+        let gate = Gate::new(false, matches!(statement, Statement::Rollback));
+        let outcome = {
+            let handler = gated_credit(&mut conn, &message, &gate);
+            tokio::pin!(handler);
+            // Polls the handler until the statement has started, then drops it there.
+            std::future::poll_fn(|cx| {
+                let cancel = || reached.load(std::sync::atomic::Ordering::SeqCst);
+                if cancel() {
+                    return std::task::Poll::Ready(None);
+                }
+                match handler.as_mut().poll(cx) {
+                    std::task::Poll::Ready(outcome) => std::task::Poll::Ready(Some(outcome)),
+                    std::task::Poll::Pending if cancel() => std::task::Poll::Ready(None),
+                    std::task::Poll::Pending => std::task::Poll::Pending,
+                }
+            })
+            .await
+        };
+        assert!(
+            outcome.is_none(),
+            "{statement:?}: finished before it could be cancelled: {outcome:?}"
+        );
+
+        let refused = credit(&mut conn, &message)
+            .await
+            .expect_err("a connection cancelled mid-statement is refused");
+        assert!(
+            matches!(
+                refused,
+                Error::AlreadyInTransaction | Error::BrokenTransactionManager
+            ),
+            "{statement:?}: {refused:?}"
+        );
+        assert_eq!(classify(&refused), ErrorClass::Transient);
+        drop(conn);
+
+        let mut fresh = db.connect().await;
+        let markers = format!(
+            "SELECT COUNT(*) FROM inbox WHERE message_id = '{}'",
+            message.message_id
+        );
+        let balance = format!("SELECT balance FROM accounts WHERE id = {n}");
+        // The server may still be finishing the dropped connection's statement; either
+        // way, marker and effect are committed together or not at all.
+        for _ in 0..20 {
+            let committed = D::count(&mut fresh, &markers).await.unwrap();
+            assert_eq!(
+                D::count(&mut fresh, &balance).await.unwrap(),
+                committed,
+                "{statement:?}: half committed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let redelivered = credit(&mut fresh, &message).await.unwrap();
+        assert!(
+            matches!(redelivered, Outcome::Processed(()) | Outcome::Duplicate),
+            "{statement:?}: {redelivered:?}"
+        );
+        assert_eq!(
+            D::count(&mut fresh, &balance).await.unwrap(),
+            1,
+            "{statement:?}"
+        );
+    }
+}
+
 pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
     let db = Arc::new(db);
     let mut tasks = Vec::new();
@@ -810,6 +918,7 @@ macro_rules! common_scenarios {
             inbox_unique_violation_is_classified,
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,
+            cancelled_transaction_statements_never_half_commit,
             migrate_is_idempotent_and_concurrent,
             fast_path_adapts_to_duplicates,
         );
