@@ -16,6 +16,19 @@ async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
     let measured = inbox_bench::run(&run.plan).await.expect("smoke run");
 
     assert!(measured.contains(&Backend::Sqlite), "{measured:?}");
+    // A server whose URL is set must be measured, not skipped.
+    for (variable, backend) in [
+        ("POSTGRES_URL", Backend::Postgres),
+        ("MYSQL_URL", Backend::Mysql),
+    ] {
+        if std::env::var(variable).is_ok_and(|url| !url.is_empty()) {
+            assert!(
+                measured.contains(&backend),
+                "{variable} is set but {} was not measured: {measured:?}",
+                backend.name()
+            );
+        }
+    }
     let pgbench_rows = if pgbench_is_on_path() {
         Script::ALL.map(Variant::Pgbench).to_vec()
     } else {
