@@ -353,7 +353,7 @@ async fn localized_server_messages_are_recognised() {
         return;
     };
     bounded(async {
-        common::create_tables(&db, 1).await;
+        common::create_tables(&db, 2).await;
         let german = "SET lc_messages = 'de_DE'";
         let conn_b = common::connect_with(&db, german).await;
         let (_, second) = common::overlap(&db, conn_b, 0, true, false).await;
@@ -381,6 +381,12 @@ async fn localized_server_messages_are_recognised() {
                 "{language}: {error}"
             );
         }
+        // Redelivered, the message whose waits timed out applies once.
+        assert_eq!(
+            common::credit(&mut conn, &Credit::new(1)).await.unwrap(),
+            Outcome::Processed(())
+        );
+        assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
     })
     .await;
     db.cleanup().await;
@@ -394,7 +400,7 @@ async fn interrupted_waits_are_transient() {
         return;
     };
     bounded(async {
-        common::create_tables(&db, 1).await;
+        common::create_tables(&db, 2).await;
         for read_first in [false, true] {
             let conn_b = common::connect_with(&db, "SET max_statement_time = 0.5").await;
             let error = common::wait_cut_short(&db, conn_b, 0, read_first)
@@ -420,10 +426,10 @@ async fn interrupted_waits_are_transient() {
         let mut conn_a = db.connect().await;
         let first = tokio::spawn({
             let gate = Arc::clone(&gate);
-            async move { common::gated_credit(&mut conn_a, &Credit::new(7), &gate).await }
+            async move { common::gated_credit(&mut conn_a, &Credit::new(1), &gate).await }
         });
         gate.entered.notified().await;
-        let error = common::credit(&mut conn_b, &Credit::new(7))
+        let error = common::credit(&mut conn_b, &Credit::new(1))
             .await
             .expect_err("killed");
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
@@ -431,9 +437,15 @@ async fn interrupted_waits_are_transient() {
         gate.release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
         assert_eq!(
-            common::credit(&mut conn_b, &Credit::new(7)).await.unwrap(),
+            common::credit(&mut conn_b, &Credit::new(1)).await.unwrap(),
             Outcome::Duplicate
         );
+        // The message whose waits timed out, redelivered, applies once.
+        assert_eq!(
+            common::credit(&mut conn_b, &Credit::new(0)).await.unwrap(),
+            Outcome::Processed(())
+        );
+        assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
     })
     .await;
     db.cleanup().await;
