@@ -28,7 +28,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{
     AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
-use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
+use diesel_inbox::{InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
@@ -221,14 +221,14 @@ async fn consume<C: DemoConnection>(
             Ok(Outcome::Processed(())) => *tally.committed.entry(message.id).or_default() += 1,
             Ok(Outcome::Duplicate) => {}
             Err(error) => match classify(&error) {
-                ErrorClass::Transient if delivery.attempt < MAX_ATTEMPTS => {
+                class if class.is_retryable() && delivery.attempt < MAX_ATTEMPTS => {
                     tally.retries += 1;
                     queue.lock().await.push_back(Delivery {
                         message,
                         attempt: delivery.attempt + 1,
                     });
-                    // Transient also covers a lost connection and one left inside a
-                    // transaction, so continue on a fresh connection.
+                    // A fresh connection serves both kinds of retry, including
+                    // `ConnectionUnusable`.
                     conn = connect(&target).await?;
                 }
                 class => tally.dead_letters.push(format!(

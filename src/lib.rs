@@ -11,7 +11,7 @@
 //! # #[cfg(feature = "postgres")] mod example {
 //! use diesel::prelude::*;
 //! use diesel_async::{AsyncPgConnection, RunQueryDsl};
-//! use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
+//! use diesel_inbox::{Disposition, idempotent};
 //!
 //! diesel::table! { accounts (id) { id -> BigInt, balance -> BigInt } }
 //!
@@ -29,14 +29,10 @@
 //!     Ok(())
 //! }
 //!
-//! async fn on_delivery(conn: &mut AsyncPgConnection, msg: &CreditRequested) -> bool {
-//!     match credit(conn, msg).await {
-//!         Ok(Outcome::Processed(())) | Ok(Outcome::Duplicate) => true, // ack
-//!         Err(error) => match classify(&error) {
-//!             ErrorClass::Transient => false,                // nack, redeliver
-//!             ErrorClass::Permanent | ErrorClass::InboxDuplicate => false, // dead-letter
-//!         },
-//!     }
+//! async fn on_delivery(conn: &mut AsyncPgConnection, msg: &CreditRequested) -> Disposition {
+//!     // `Ack` for Processed and Duplicate, `Retry` for a deadlock, a timeout or a lost
+//!     // connection, `DeadLetter` for what no retry can fix.
+//!     Disposition::of(&credit(conn, msg).await)
 //! }
 //! # }
 //! ```
@@ -69,9 +65,12 @@
 pub use inbox_macros::idempotent;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{
-    ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, SharedConsumers,
-    check_consumers, classify, migrate, registered_handlers,
+    DatabaseErrorSource, Disposition, ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome,
+    RegisteredHandler, SharedConsumers, check_consumers, classify, find_database_error, migrate,
+    registered_handlers,
 };
+#[cfg(feature = "retry")]
+pub use inbox_runtime::{RetryPolicy, retry};
 
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]

@@ -523,3 +523,71 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
     .await;
     db.cleanup().await;
 }
+
+/// The three-way deadlock again, each waiter delivering through the retry helper: the
+/// deadlock never reaches the caller, and the message is applied exactly once.
+#[cfg(feature = "retry")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_way_deadlock_through_the_retry_helper_is_exactly_once() {
+    let Some(db) = MysqlDb::create("retried_deadlock").await else {
+        return;
+    };
+    bounded(async {
+        let attempts = 10;
+        common::create_tables(&db, attempts).await;
+        let retried = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for n in 0..attempts {
+            let message = Credit::new(n);
+            let gate = Gate::held(true);
+            let mut first_conn = db.connect().await;
+            let first = tokio::spawn({
+                let (gate, message) = (gate.clone(), message.clone());
+                async move { common::gated_credit(&mut first_conn, &message, &gate).await }
+            });
+            gate.entered.notified().await;
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (db, message, retried) = (db.clone(), message.clone(), retried.clone());
+                    tokio::spawn(async move {
+                        let policy = diesel_inbox::RetryPolicy::new().with_max_retries(10);
+                        let mut runs = 0;
+                        let outcome = diesel_inbox::retry(&policy, || {
+                            runs += 1;
+                            let (db, message) = (db.clone(), message.clone());
+                            async move {
+                                let mut conn = db.connect().await;
+                                common::credit(&mut conn, &message).await
+                            }
+                        })
+                        .await;
+                        retried.fetch_add(runs - 1, std::sync::atomic::Ordering::Relaxed);
+                        outcome
+                    })
+                })
+                .collect();
+            wait_for_lock_waiters(&db, 2).await;
+            gate.release.notify_one();
+            assert!(matches!(
+                first.await.unwrap(),
+                Err(Error::RollbackTransaction)
+            ));
+            let mut processed = 0;
+            for waiter in waiters {
+                let outcome = waiter.await.unwrap().expect("no error reaches the caller");
+                processed += usize::from(outcome == Outcome::Processed(()));
+            }
+            assert_eq!(processed, 1, "attempt {n}");
+        }
+        assert!(
+            std::sync::atomic::AtomicUsize::load(&retried, std::sync::atomic::Ordering::Relaxed)
+                > 0,
+            "no delivery deadlocked: the scenario did not reproduce"
+        );
+        assert_eq!(
+            common::balances(&db, attempts).await,
+            vec![1; attempts as usize]
+        );
+    })
+    .await;
+    db.cleanup().await;
+}

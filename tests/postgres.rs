@@ -354,3 +354,65 @@ async fn stricter_isolation_turns_the_waiting_duplicate_into_a_retry() {
     .await;
     db.cleanup().await;
 }
+
+/// Credits the account; on its first run the body's session is terminated by the
+/// server, as `pg_terminate_backend` or a failover does.
+#[idempotent(consumer = "terminated", key = credit.message_id.as_str(), fast_path = false)]
+async fn credit_terminated_once<C>(
+    conn: &mut C,
+    credit: &Credit,
+    runs: &std::sync::atomic::AtomicUsize,
+) -> Result<(), Error>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    conn.batch_execute(&format!(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+        credit.account
+    ))
+    .await?;
+    if runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+        conn.batch_execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            .await?;
+    }
+    Ok(())
+}
+
+/// A run whose connection the server terminated is retried by the helper on a new
+/// connection from the pool, and the message is applied once.
+#[cfg(feature = "retry")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connection_is_retried_on_a_new_one() {
+    let Some(db) = PgDb::create("lost_connection").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let url = format!("{}?options=-csearch_path%3D{}", db.url, db.schema);
+        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+        let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .unwrap();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let errors = std::sync::Mutex::new(Vec::new());
+        let outcome = diesel_inbox::retry(&diesel_inbox::RetryPolicy::new(), || async {
+            let mut conn = pool.get().await?;
+            let result = credit_terminated_once(&mut conn, &Credit::new(0), &runs).await;
+            if let Err(error) = &result {
+                errors.lock().unwrap().push(classify(error));
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(result?)
+        })
+        .await
+        .expect("retried on a new connection");
+        assert_eq!(outcome, Outcome::Processed(()));
+        assert_eq!(
+            errors.into_inner().unwrap(),
+            vec![ErrorClass::ConnectionUnusable]
+        );
+        assert_eq!(common::balances(&db, 1).await, vec![1]);
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use diesel::connection::{Instrumentation, InstrumentationEvent};
-use diesel_inbox::{ErrorClass, Outcome, classify};
+use diesel_inbox::{Outcome, classify};
 use indicatif::ProgressBar;
 use tokio::sync::Barrier;
 
@@ -130,9 +130,7 @@ async fn consume<C: BenchConnection>(
             match variant.handle(conn, &delivery).await {
                 Ok(Outcome::Processed(())) => tally.processed += 1,
                 Ok(Outcome::Duplicate) => tally.duplicates += 1,
-                Err(error)
-                    if classify(&error) == ErrorClass::Transient && attempts < MAX_ATTEMPTS =>
-                {
+                Err(error) if classify(&error).is_retryable() && attempts < MAX_ATTEMPTS => {
                     tally.retries += 1;
                     continue;
                 }

@@ -10,15 +10,26 @@ pub enum ErrorClass {
     /// A unique violation of the inbox's own index: the message was already processed.
     /// Acknowledge it.
     InboxDuplicate,
-    /// The database or the connection failed in a way that a retry can fix: a
-    /// serialization failure, a deadlock, a lock timeout, `SQLITE_BUSY`, a lost
-    /// connection, or a connection left inside a transaction. Nothing was committed:
-    /// reject the message for redelivery (and discard a connection left in a
-    /// transaction).
+    /// A conflict that a retry on the same connection can resolve: a serialization
+    /// failure, a deadlock, a lock or statement timeout, `SQLITE_BUSY`, an interrupted
+    /// statement. Nothing was committed: redeliver the message.
     Transient,
+    /// The connection cannot be used again: it was lost, or left inside a transaction
+    /// (by a cancelled handler, or a rollback that failed). Nothing of this call was
+    /// committed: discard the connection (pools do this for a connection left in a
+    /// transaction) and redeliver the message on another.
+    ConnectionUnusable,
     /// Retrying the same message will fail the same way, for example a unique violation
     /// raised by the business write, or an invalid key. Dead-letter the message.
     Permanent,
+}
+
+impl ErrorClass {
+    /// Whether the message should be delivered again: [`ErrorClass::Transient`] and
+    /// [`ErrorClass::ConnectionUnusable`].
+    pub const fn is_retryable(self) -> bool {
+        matches!(self, Self::Transient | Self::ConnectionUnusable)
+    }
 }
 
 /// Classifies an error returned by an `#[idempotent]` handler or by diesel.
@@ -40,15 +51,16 @@ pub fn classify(error: &Error) -> ErrorClass {
                 ErrorClass::Permanent
             }
         }
+        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => ErrorClass::Transient,
         Error::DatabaseError(
-            DatabaseErrorKind::SerializationFailure
-            | DatabaseErrorKind::ClosedConnection
-            | DatabaseErrorKind::UnableToSendCommand,
+            DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
             _,
-        ) => ErrorClass::Transient,
+        ) => ErrorClass::ConnectionUnusable,
         Error::DatabaseError(_, info) => {
             let message = info.message();
-            if pg::is_transient(message)
+            if pg::is_connection_lost(message) || mysql::is_connection_lost(message) {
+                ErrorClass::ConnectionUnusable
+            } else if pg::is_transient(message)
                 || mysql::is_transient(message)
                 || sqlite::is_transient(message)
             {
@@ -57,8 +69,12 @@ pub fn classify(error: &Error) -> ErrorClass {
                 ErrorClass::Permanent
             }
         }
-        Error::RollbackErrorOnCommit { commit_error, .. } => classify(commit_error),
-        Error::AlreadyInTransaction | Error::BrokenTransactionManager => ErrorClass::Transient,
+        // The rollback after a failed COMMIT failed too: the transaction may still be
+        // open on this connection.
+        Error::RollbackErrorOnCommit { .. } => ErrorClass::ConnectionUnusable,
+        Error::AlreadyInTransaction | Error::BrokenTransactionManager => {
+            ErrorClass::ConnectionUnusable
+        }
         _ => ErrorClass::Permanent,
     }
 }
@@ -209,25 +225,50 @@ mod tests {
             None,
         );
         assert_eq!(classify(&serialization), ErrorClass::Transient);
+        assert!(ErrorClass::Transient.is_retryable());
+    }
+
+    #[test]
+    fn a_connection_that_cannot_be_used_again_says_so() {
         let closed = error(
             DatabaseErrorKind::ClosedConnection,
             "connection closed",
             None,
         );
-        assert_eq!(classify(&closed), ErrorClass::Transient);
+        assert_eq!(classify(&closed), ErrorClass::ConnectionUnusable);
+        for message in [
+            "terminating connection due to administrator command",
+            "Lost connection to server during query",
+            "MySQL server has gone away",
+            "Input/output error: broken pipe",
+        ] {
+            assert_eq!(
+                unknown(message),
+                ErrorClass::ConnectionUnusable,
+                "{message}"
+            );
+        }
         assert_eq!(
             classify(&Error::AlreadyInTransaction),
-            ErrorClass::Transient
+            ErrorClass::ConnectionUnusable
         );
         assert_eq!(
             classify(&Error::BrokenTransactionManager),
-            ErrorClass::Transient
+            ErrorClass::ConnectionUnusable
+        );
+        let serialization = error(
+            DatabaseErrorKind::SerializationFailure,
+            "could not serialize",
+            None,
         );
         let commit = Error::RollbackErrorOnCommit {
             rollback_error: Box::new(Error::BrokenTransactionManager),
             commit_error: Box::new(serialization),
         };
-        assert_eq!(classify(&commit), ErrorClass::Transient);
+        assert_eq!(classify(&commit), ErrorClass::ConnectionUnusable);
+        assert!(ErrorClass::ConnectionUnusable.is_retryable());
+        assert!(!ErrorClass::Permanent.is_retryable());
+        assert!(!ErrorClass::InboxDuplicate.is_retryable());
     }
 
     #[test]

@@ -214,6 +214,18 @@ mod tests {
         assert_eq!(encode_key(&("topic", "")), Err(InvalidKey::Empty));
     }
 
+    /// A key type of the user's own that writes nothing is as empty as `""`.
+    #[test]
+    fn a_key_that_writes_nothing_is_rejected() {
+        struct Blank;
+        impl InboxKey for Blank {
+            fn write_key(&self, _out: &mut String) -> Result<(), InvalidKey> {
+                Ok(())
+            }
+        }
+        assert_eq!(encode_key(&Blank), Err(InvalidKey::Empty));
+    }
+
     #[test]
     fn overlong_keys_are_rejected_not_truncated() {
         let longest = "x".repeat(MESSAGE_ID_MAX_BYTES);

@@ -9,16 +9,20 @@
 
 mod backend;
 mod classify;
+mod disposition;
 mod fast_path;
 mod key;
 mod migrate;
 mod outcome;
 mod registry;
+#[cfg(feature = "retry")]
+mod retry;
 pub mod schema;
 mod transaction;
 
 pub use backend::InboxBackend;
 pub use classify::{ErrorClass, classify};
+pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
 pub use fast_path::FastPath;
 #[doc(hidden)]
 pub use inventory;
@@ -26,4 +30,6 @@ pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
+#[cfg(feature = "retry")]
+pub use retry::{RetryPolicy, retry};
 pub use transaction::{Handler, HandlerError, run};

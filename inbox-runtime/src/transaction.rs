@@ -1,11 +1,15 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
+use std::time::Instant;
+
 use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use diesel_async::TransactionManager;
+use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Backend as _, Marker};
+use crate::classify::classify;
 use crate::fast_path::{DuplicateShare, FastPath};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
@@ -101,26 +105,63 @@ where
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
     let read_first = fast_path.reads_first(&handler.recent_duplicates);
-    match process(
+    let span = handling_span(handler.registration, message_id.as_deref().ok(), read_first);
+    let started = Instant::now();
+    let stopped = process(
         conn,
         handler.registration.consumer,
         message_id,
         read_first,
         body,
     )
-    .await
-    {
+    .instrument(span.clone())
+    .await;
+    span.record("inbox.duration_ms", started.elapsed().as_secs_f64() * 1e3);
+    match stopped {
         Ok(value) => {
             handler.recent_duplicates.record(false);
+            span.record("inbox.outcome", "processed");
             Ok(Outcome::Processed(value))
         }
         Err(Stop::Duplicate) => {
             handler.recent_duplicates.record(true);
+            span.record("inbox.outcome", "duplicate");
+            tracing::debug!(parent: &span, "already processed: the body did not run");
             Ok(Outcome::Duplicate)
         }
-        Err(Stop::Handler(error)) => Err(error),
-        Err(Stop::Database(error)) => Err(into_error(error)),
+        Err(Stop::Handler(error)) => {
+            span.record("inbox.outcome", "handler_error");
+            Err(error)
+        }
+        Err(Stop::Database(error)) => {
+            let class = classify(&error);
+            span.record("inbox.outcome", "database_error");
+            span.record("error.type", tracing::field::debug(class));
+            tracing::debug!(parent: &span, error = %error, "nothing was committed");
+            Err(into_error(error))
+        }
     }
+}
+
+/// One span per delivery, named after what it does, with OpenTelemetry's messaging
+/// attribute names where one fits: the consumer is the consumer group, the key the
+/// message id. The outcome, the error class and the duration are recorded at the end.
+fn handling_span(
+    handler: RegisteredHandler,
+    message_id: Option<&str>,
+    read_first: bool,
+) -> tracing::Span {
+    tracing::info_span!(
+        "inbox.process",
+        messaging.operation.type = "process",
+        messaging.consumer.group.name = handler.consumer,
+        messaging.message.id = message_id,
+        code.function.name = handler.handler,
+        inbox.read_first = read_first,
+        inbox.outcome = tracing::field::Empty,
+        inbox.duration_ms = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
 }
 
 async fn process<C, T, E, F>(

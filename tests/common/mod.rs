@@ -255,7 +255,7 @@ pub async fn race<D: TestDb>(
                     match outcome {
                         Ok(Outcome::Processed(())) => report.processed += 1,
                         Ok(Outcome::Duplicate) => report.duplicates += 1,
-                        Err(error) if classify(&error) == ErrorClass::Transient => {
+                        Err(error) if classify(&error).is_retryable() => {
                             report.transient_retries += 1;
                             redeliveries += 1;
                             assert!(
@@ -664,7 +664,7 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     let reused = credit(&mut conn, &Credit::new(0)).await;
     let error = reused.expect_err("a connection left inside a transaction is refused");
     assert!(matches!(error, Error::AlreadyInTransaction), "{error:?}");
-    assert_eq!(classify(&error), ErrorClass::Transient);
+    assert_eq!(classify(&error), ErrorClass::ConnectionUnusable);
     let mut observer = db.connect().await;
     let committed = D::count(&mut observer, "SELECT COUNT(*) FROM inbox")
         .await
@@ -755,7 +755,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
             ),
             "{statement:?}: {refused:?}"
         );
-        assert_eq!(classify(&refused), ErrorClass::Transient);
+        assert_eq!(classify(&refused), ErrorClass::ConnectionUnusable);
         drop(conn);
 
         let mut fresh = db.connect().await;

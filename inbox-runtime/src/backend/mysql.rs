@@ -84,22 +84,26 @@ fn is_lost_diesel_savepoint(message: &str) -> bool {
 }
 
 /// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
-/// retry: lock conflicts and interrupted waits in any server language, a transaction
-/// rolled back under a nested savepoint, and the driver's texts for a lost connection.
+/// retry: lock conflicts and interrupted waits in any server language, and a
+/// transaction rolled back under a nested savepoint.
 pub(crate) fn is_transient(message: &str) -> bool {
     RETRYABLE_SERVER_MESSAGES
         .iter()
         .any(|text| message.starts_with(text))
         || is_lost_diesel_savepoint(message)
-        || [
-            "Input/output error",
-            "Lost connection to",
-            "server has gone away",
-            "Connection was killed",
-            "Connection to the server is closed",
-        ]
-        .iter()
-        .any(|pattern| message.contains(pattern))
+}
+
+/// The driver's texts for a connection that is gone.
+pub(crate) fn is_connection_lost(message: &str) -> bool {
+    [
+        "Input/output error",
+        "Lost connection to",
+        "server has gone away",
+        "Connection was killed",
+        "Connection to the server is closed",
+    ]
+    .iter()
+    .any(|pattern| message.contains(pattern))
 }
 
 #[cfg(feature = "mysql")]

@@ -22,19 +22,22 @@ const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 /// (in the server's `lc_messages` language; these are the English texts): 40P01
 /// deadlock, 55P03 lock not available, 57014 a statement cancelled (by `lock_timeout`,
 /// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
-/// waiting for another delivery is cut short this way), 57P01 a terminated connection,
-/// and 25P02, a transaction aborted by an earlier error that the handler did not
-/// propagate.
+/// waiting for another delivery is cut short this way), and 25P02, a transaction
+/// aborted by an earlier error that the handler did not propagate.
 pub(crate) fn is_transient(message: &str) -> bool {
     [
         "deadlock detected",
         "could not obtain lock",
         "canceling statement due to",
         ABORTED_TRANSACTION,
-        "terminating connection",
     ]
     .iter()
     .any(|prefix| message.starts_with(prefix))
+}
+
+/// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).
+pub(crate) fn is_connection_lost(message: &str) -> bool {
+    message.starts_with("terminating connection")
 }
 
 #[cfg(feature = "postgres")]

@@ -1,0 +1,232 @@
+//! What to tell the broker about a delivery, from what its handler returned.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use diesel::result::Error;
+
+use crate::classify::{ErrorClass, classify};
+use crate::outcome::Outcome;
+
+/// What to do with a delivery once its handler has returned: the one mapping from a
+/// handler's result to a broker's acknowledgement that every consumer needs.
+///
+/// Built with [`Disposition::of`]. A duplicate is acknowledged like a processed message:
+/// sending it back or to a dead-letter queue would only make it return later.
+#[must_use = "a Disposition says how to settle the delivery with the broker"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Acknowledge: the message was processed, now or by an earlier delivery.
+    Ack,
+    /// Have the message delivered again (nack and requeue, or let its lock expire):
+    /// nothing was committed, and a later attempt can succeed. `after`, when known, is
+    /// how long to wait first.
+    Retry {
+        /// How long to wait before the next delivery, when there is a reason to wait a
+        /// particular time; `None` leaves the delay to the broker.
+        after: Option<Duration>,
+    },
+    /// Send the message to the dead-letter queue: retrying it fails the same way, or it
+    /// needs a person (an invalid key, a business constraint, work committed early).
+    DeadLetter {
+        /// Why, for the dead-letter record: the error's own text.
+        reason: String,
+    },
+}
+
+impl Disposition {
+    /// Settles a handler's result: `Processed` and `Duplicate` are [`Disposition::Ack`];
+    /// an error is classified by the database error inside it ([`classify`]):
+    /// `InboxDuplicate` is `Ack`, `Transient` and `ConnectionUnusable` are `Retry`,
+    /// `Permanent` is `DeadLetter`. An error with no database error inside is the
+    /// handler's own verdict on the message, and is dead-lettered.
+    pub fn of<T, E>(result: &Result<Outcome<T>, E>) -> Self
+    where
+        E: DatabaseErrorSource + fmt::Display,
+    {
+        let error = match result {
+            Ok(Outcome::Processed(_) | Outcome::Duplicate) => return Self::Ack,
+            Err(error) => error,
+        };
+        match error.database_error().map(classify) {
+            Some(ErrorClass::InboxDuplicate) => Self::Ack,
+            Some(class) if class.is_retryable() => Self::Retry { after: None },
+            Some(_) | None => Self::DeadLetter {
+                reason: error.to_string(),
+            },
+        }
+    }
+}
+
+/// An error type that may carry a diesel error, which says whether a delivery can be
+/// retried. [`Disposition::of`] and the retry helper read it through this trait.
+///
+/// Implemented for `diesel::result::Error` and for boxed errors (looking through their
+/// [`source`](StdError::source) chain). For your own error type, return the diesel
+/// error it wraps:
+///
+/// ```
+/// # use inbox_runtime as diesel_inbox;
+/// use diesel_inbox::DatabaseErrorSource;
+///
+/// #[derive(Debug)]
+/// enum AppError {
+///     Db(diesel::result::Error),
+///     Rejected(String),
+/// }
+///
+/// impl DatabaseErrorSource for AppError {
+///     fn database_error(&self) -> Option<&diesel::result::Error> {
+///         match self {
+///             AppError::Db(error) => Some(error),
+///             AppError::Rejected(_) => None,
+///         }
+///     }
+/// }
+/// ```
+///
+/// [`find_database_error`] does the same for any error with a `source` chain.
+pub trait DatabaseErrorSource {
+    /// The diesel error inside `self`, if any.
+    fn database_error(&self) -> Option<&Error>;
+}
+
+impl DatabaseErrorSource for Error {
+    fn database_error(&self) -> Option<&Error> {
+        Some(self)
+    }
+}
+
+impl DatabaseErrorSource for Box<dyn StdError + Send + Sync> {
+    fn database_error(&self) -> Option<&Error> {
+        find_database_error(self.as_ref())
+    }
+}
+
+impl DatabaseErrorSource for Box<dyn StdError> {
+    fn database_error(&self) -> Option<&Error> {
+        find_database_error(self.as_ref())
+    }
+}
+
+/// The first diesel error in `error`'s [`source`](StdError::source) chain, `error`
+/// itself included.
+pub fn find_database_error<'e>(error: &'e (dyn StdError + 'static)) -> Option<&'e Error> {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(database) = error.downcast_ref::<Error>() {
+            return Some(database);
+        }
+        current = error.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::result::DatabaseErrorKind;
+
+    use super::*;
+
+    fn database(kind: DatabaseErrorKind, message: &str) -> Error {
+        Error::DatabaseError(kind, Box::new(message.to_owned()))
+    }
+
+    /// A handler's error type that wraps a diesel error as its source.
+    #[derive(Debug)]
+    struct Wrapped(Error);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "handler failed: {}", self.0)
+        }
+    }
+
+    impl StdError for Wrapped {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn of(error: Error) -> Disposition {
+        Disposition::of::<(), _>(&Err(error))
+    }
+
+    #[test]
+    fn every_outcome_is_acknowledged() {
+        assert_eq!(
+            Disposition::of::<_, Error>(&Ok(Outcome::Processed(1))),
+            Disposition::Ack
+        );
+        assert_eq!(
+            Disposition::of::<(), Error>(&Ok(Outcome::Duplicate)),
+            Disposition::Ack
+        );
+    }
+
+    #[test]
+    fn every_error_class_maps_to_its_action() {
+        let inbox_duplicate = "Duplicate entry 'm-1' for key 'ux_inbox_message_consumer'";
+        assert_eq!(
+            classify(&database(
+                DatabaseErrorKind::UniqueViolation,
+                inbox_duplicate
+            )),
+            ErrorClass::InboxDuplicate
+        );
+        assert_eq!(
+            of(database(
+                DatabaseErrorKind::UniqueViolation,
+                inbox_duplicate
+            )),
+            Disposition::Ack
+        );
+
+        let deadlock = database(DatabaseErrorKind::Unknown, "deadlock detected");
+        assert_eq!(classify(&deadlock), ErrorClass::Transient);
+        assert_eq!(of(deadlock), Disposition::Retry { after: None });
+
+        assert_eq!(
+            classify(&Error::BrokenTransactionManager),
+            ErrorClass::ConnectionUnusable
+        );
+        assert_eq!(
+            of(Error::BrokenTransactionManager),
+            Disposition::Retry { after: None }
+        );
+
+        let business = database(
+            DatabaseErrorKind::CheckViolation,
+            "balance must be positive",
+        );
+        assert_eq!(classify(&business), ErrorClass::Permanent);
+        assert_eq!(
+            of(business),
+            Disposition::DeadLetter {
+                reason: String::from("balance must be positive")
+            }
+        );
+        let invalid_key = Error::from(crate::InvalidKey::Empty);
+        assert!(matches!(of(invalid_key), Disposition::DeadLetter { .. }));
+    }
+
+    #[test]
+    fn a_database_error_is_found_inside_boxed_and_wrapped_errors() {
+        let boxed: Box<dyn StdError + Send + Sync> = Box::new(Wrapped(database(
+            DatabaseErrorKind::Unknown,
+            "deadlock detected",
+        )));
+        assert_eq!(
+            Disposition::of::<(), _>(&Err(boxed)),
+            Disposition::Retry { after: None }
+        );
+        let own: Box<dyn StdError + Send + Sync> = "the order was cancelled".into();
+        assert_eq!(
+            Disposition::of::<(), _>(&Err(own)),
+            Disposition::DeadLetter {
+                reason: String::from("the order was cancelled")
+            }
+        );
+    }
+}

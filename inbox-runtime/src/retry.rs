@@ -1,0 +1,148 @@
+//! Running a handler again, in a transaction of its own, while its delivery fails in a
+//! way that a retry can fix.
+//!
+//! A retry inside a handler would retry a transaction the database has already rolled
+//! back; the whole handler has to run again. [`retry`] does that at the pump, with an
+//! exponential backoff and jitter from [backon](https://docs.rs/backon).
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use crate::disposition::DatabaseErrorSource;
+use crate::outcome::Outcome;
+use crate::{ErrorClass, classify};
+
+/// How often, and how patiently, [`retry`] runs a handler again.
+///
+/// By default: up to 4 retries (5 attempts), the first after 10 ms, doubling up to 1 s,
+/// each delay with random jitter so that the deliveries that deadlocked together do not
+/// meet again.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    backoff: ExponentialBuilder,
+}
+
+impl RetryPolicy {
+    /// The default policy.
+    pub const fn new() -> Self {
+        Self {
+            backoff: ExponentialBuilder::new()
+                .with_min_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_secs(1))
+                .with_factor(2.0)
+                .with_max_times(4)
+                .with_jitter(),
+        }
+    }
+
+    /// At most `retries` runs after the first.
+    pub const fn with_max_retries(self, retries: usize) -> Self {
+        Self {
+            backoff: self.backoff.with_max_times(retries),
+        }
+    }
+
+    /// The delay before the first retry; each later one doubles it.
+    pub const fn with_min_delay(self, delay: Duration) -> Self {
+        Self {
+            backoff: self.backoff.with_min_delay(delay),
+        }
+    }
+
+    /// The longest delay between two runs.
+    pub const fn with_max_delay(self, delay: Duration) -> Self {
+        Self {
+            backoff: self.backoff.with_max_delay(delay),
+        }
+    }
+
+    /// Stops retrying once the delays slept add up to `total`: a deadline for the
+    /// waiting, whatever the count.
+    pub const fn with_max_total_delay(self, total: Duration) -> Self {
+        Self {
+            backoff: self.backoff.with_total_delay(Some(total)),
+        }
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Runs `attempt` until it returns an [`Outcome`], an error that no retry can fix, or
+/// the policy is spent; returns what the last run returned.
+///
+/// `attempt` returns a future that runs the whole handler, so each run has a
+/// transaction of its own. It should also take its connection: with a pool
+/// (`pool.get()` in each run), a connection that a run left unusable
+/// ([`ErrorClass::ConnectionUnusable`]) goes back to the pool, which discards it, and
+/// the next run gets another. A closure returning a future, rather than an async
+/// closure, keeps `retry`'s future `Send` whenever a run's is, so a pump that retries
+/// can be spawned (rustc cannot prove that for an async closure called more than once,
+/// rust-lang/rust#100013).
+///
+/// Retried: errors whose diesel error ([`DatabaseErrorSource`]) classifies as
+/// [`ErrorClass::Transient`] or [`ErrorClass::ConnectionUnusable`]. Each retry is
+/// reported as a `tracing` event at `WARN`.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")] mod example {
+/// # use inbox_runtime as diesel_inbox;
+/// # use diesel_async::AsyncPgConnection;
+/// # type Error = Box<dyn std::error::Error + Send + Sync>;
+/// # struct Pool;
+/// # impl Pool { async fn get(&self) -> Result<AsyncPgConnection, Error> { unimplemented!() } }
+/// # async fn credit(conn: &mut AsyncPgConnection, id: &str)
+/// #     -> Result<diesel_inbox::Outcome<()>, diesel::result::Error> { unimplemented!() }
+/// use diesel_inbox::{Outcome, RetryPolicy, retry};
+///
+/// async fn handle(pool: &Pool, message_id: &str) -> Result<Outcome<()>, Error> {
+///     retry(&RetryPolicy::new(), || async {
+///         // A connection per run: one that a run left unusable goes back to the pool.
+///         let mut conn = pool.get().await?;
+///         Ok::<_, Error>(credit(&mut conn, message_id).await?)
+///     })
+///     .await
+/// }
+/// # }
+/// ```
+pub async fn retry<T, E, Run>(
+    policy: &RetryPolicy,
+    mut attempt: impl FnMut() -> Run,
+) -> Result<Outcome<T>, E>
+where
+    Run: Future<Output = Result<Outcome<T>, E>>,
+    E: DatabaseErrorSource + fmt::Display,
+{
+    let mut delays = policy.backoff.build();
+    let mut run = 1_u32;
+    loop {
+        let error = match attempt().await {
+            Err(error) if retryable(&error) => error,
+            settled => return settled,
+        };
+        let Some(delay) = delays.next() else {
+            return Err(error);
+        };
+        tracing::warn!(
+            inbox.attempt = run,
+            inbox.retry_in_ms = delay.as_millis() as u64,
+            error = %error,
+            "retrying a delivery that failed in a way a retry can fix"
+        );
+        tokio::time::sleep(delay).await;
+        run += 1;
+    }
+}
+
+fn retryable<E: DatabaseErrorSource>(error: &E) -> bool {
+    error
+        .database_error()
+        .map(classify)
+        .is_some_and(ErrorClass::is_retryable)
+}

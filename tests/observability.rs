@@ -1,0 +1,129 @@
+//! What a handler tells `tracing`: one span per delivery, with the consumer, the key,
+//! the outcome and the duration, under OpenTelemetry's messaging names.
+
+#![cfg(feature = "sqlite")]
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use diesel::result::Error;
+use diesel::sqlite::SqliteConnection;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::{Outcome, idempotent};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt as _};
+use tracing_subscriber::registry::LookupSpan;
+
+type Fields = HashMap<String, String>;
+
+/// Every span's fields, in the order the spans were opened.
+#[derive(Clone, Default)]
+struct Recorded(Arc<Mutex<Vec<(String, Fields)>>>);
+
+struct Collect<'a>(&'a mut Fields);
+
+impl Visit for Collect<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// Where in `Recorded` a span's fields are kept.
+struct Slot(usize);
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Recorded {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::new();
+        attrs.record(&mut Collect(&mut fields));
+        let mut spans = self.0.lock().unwrap();
+        spans.push((attrs.metadata().name().to_owned(), fields));
+        let span = ctx.span(id).expect("the span just opened");
+        span.extensions_mut().insert(Slot(spans.len() - 1));
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).expect("a recorded span is open");
+        let extensions = span.extensions();
+        let Slot(slot) = extensions.get::<Slot>().expect("every span has a slot");
+        values.record(&mut Collect(&mut self.0.lock().unwrap()[*slot].1));
+    }
+}
+
+struct Credit {
+    id: String,
+}
+
+#[idempotent(consumer = "traced-credit", key = credit.id.as_str(), fast_path = false)]
+async fn traced_credit(
+    conn: &mut SyncConnectionWrapper<SqliteConnection>,
+    credit: &Credit,
+) -> Result<(), Error> {
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1")
+        .await
+}
+
+#[tokio::test]
+async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
+    let path = std::env::temp_dir().join(format!("diesel-inbox-tracing-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(path.to_str().unwrap())
+        .await
+        .unwrap();
+    diesel_inbox::migrate(&mut conn).await.unwrap();
+    conn.batch_execute(
+        "CREATE TABLE accounts (balance BIGINT NOT NULL); INSERT INTO accounts VALUES (0);",
+    )
+    .await
+    .unwrap();
+
+    let recorded = Recorded::default();
+    let subscriber = tracing_subscriber::registry().with(recorded.clone());
+    let guard = tracing::subscriber::set_default(subscriber);
+    let message = Credit { id: "m-1".into() };
+    assert_eq!(
+        traced_credit(&mut conn, &message).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        traced_credit(&mut conn, &message).await.unwrap(),
+        Outcome::Duplicate
+    );
+    let empty = Credit { id: String::new() };
+    traced_credit(&mut conn, &empty)
+        .await
+        .expect_err("an empty key");
+    drop(guard);
+    std::fs::remove_file(&path).unwrap();
+
+    let spans = recorded.0.lock().unwrap();
+    let handled: Vec<&Fields> = spans
+        .iter()
+        .filter(|(name, _)| name == "inbox.process")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(handled.len(), 3, "one span per delivery: {spans:?}");
+    for fields in &handled {
+        assert_eq!(fields["messaging.operation.type"], "process");
+        assert_eq!(fields["messaging.consumer.group.name"], "traced-credit");
+        assert_eq!(fields["code.function.name"], "observability::traced_credit");
+        assert_eq!(fields["inbox.read_first"], "false");
+        let duration: f64 = fields["inbox.duration_ms"].parse().unwrap();
+        assert!(duration >= 0.0, "{fields:?}");
+    }
+    assert_eq!(handled[0]["messaging.message.id"], "m-1");
+    assert_eq!(handled[0]["inbox.outcome"], "processed");
+    assert_eq!(handled[1]["inbox.outcome"], "duplicate");
+    assert_eq!(handled[2]["inbox.outcome"], "database_error");
+    assert_eq!(handled[2]["error.type"], "Permanent");
+    assert!(
+        !handled[2].contains_key("messaging.message.id"),
+        "{:?}",
+        handled[2]
+    );
+}
