@@ -66,8 +66,8 @@ pub use inbox_macros::idempotent;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{
     DatabaseErrorSource, Disposition, ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome,
-    RegisteredHandler, SharedConsumers, check_consumers, classify, find_database_error, migrate,
-    registered_handlers,
+    RegisteredHandler, Retention, SharedConsumers, check_consumers, classify, find_database_error,
+    migrate, prune, registered_handlers,
 };
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};

@@ -14,7 +14,9 @@ mod fast_path;
 mod key;
 mod migrate;
 mod outcome;
+mod prune;
 mod registry;
+mod retention;
 #[cfg(feature = "retry")]
 mod retry;
 pub mod schema;
@@ -29,7 +31,9 @@ pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
+pub use prune::prune;
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
+pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
 pub use transaction::{Handler, HandlerError, run};

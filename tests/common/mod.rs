@@ -680,6 +680,134 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 1).await, vec![1]);
 }
 
+/// A backend's SQL for a point in the past on the database's clock, as `processed_at`
+/// stores it.
+pub trait PastInstant {
+    fn seconds_ago(seconds: i64) -> String;
+}
+
+#[cfg(feature = "postgres")]
+impl PastInstant for diesel::pg::Pg {
+    fn seconds_ago(seconds: i64) -> String {
+        format!("now() - INTERVAL '{seconds} seconds'")
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl PastInstant for diesel::mysql::Mysql {
+    fn seconds_ago(seconds: i64) -> String {
+        format!("NOW(6) - INTERVAL {seconds} SECOND")
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl PastInstant for diesel::sqlite::Sqlite {
+    fn seconds_ago(seconds: i64) -> String {
+        format!("datetime('now', '-{seconds} seconds')")
+    }
+}
+
+type BackendOf<D> = <<D as TestDb>::Conn as diesel_async::AsyncConnectionCore>::Backend;
+
+/// Inserts markers `<prefix>-0` … `<prefix>-<count - 1>` processed `seconds` ago.
+async fn insert_markers<D>(conn: &mut D::Conn, prefix: &str, count: usize, seconds: i64)
+where
+    D: TestDb,
+    BackendOf<D>: PastInstant,
+{
+    let at = BackendOf::<D>::seconds_ago(seconds);
+    for chunk in (0..count).collect::<Vec<_>>().chunks(2_500) {
+        let rows: Vec<String> = chunk
+            .iter()
+            .map(|n| format!("('{prefix}-{n}', 'pruned', {at})"))
+            .collect();
+        conn.batch_execute(&format!(
+            "INSERT INTO inbox (message_id, consumer, processed_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .await
+        .expect("insert markers");
+    }
+}
+
+/// Markers processed more than the window ago go, in batches; markers inside it stay,
+/// judged to the second on the database's clock.
+pub async fn prune_keeps_the_window_to_the_second<D>(db: D)
+where
+    D: TestDb,
+    BackendOf<D>: PastInstant,
+{
+    create_tables(&db, 0).await;
+    let mut conn = db.connect().await;
+    insert_markers::<D>(&mut conn, "old", 2_500, 3_600).await;
+    insert_markers::<D>(&mut conn, "outside", 1, 61).await;
+    insert_markers::<D>(&mut conn, "inside", 1, 59).await;
+    insert_markers::<D>(&mut conn, "new", 10, 0).await;
+
+    let pruned = diesel_inbox::prune(&mut conn, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(pruned, 2_501);
+    let left =
+        |prefix: &str| format!("SELECT COUNT(*) FROM inbox WHERE message_id LIKE '{prefix}-%'");
+    for (prefix, expected) in [("old", 0), ("outside", 0), ("inside", 1), ("new", 10)] {
+        assert_eq!(
+            D::count(&mut conn, &left(prefix)).await.unwrap(),
+            expected,
+            "{prefix}"
+        );
+    }
+    assert_eq!(
+        diesel_inbox::prune(&mut conn, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        0
+    );
+
+    conn.begin_test_transaction().await.unwrap();
+    let refused = diesel_inbox::prune(&mut conn, Duration::from_secs(60)).await;
+    assert!(
+        matches!(refused, Err(Error::AlreadyInTransaction)),
+        "{refused:?}"
+    );
+}
+
+/// Four pruners at once: none fails or deadlocks, each marker is deleted and counted
+/// once, and the counts add up.
+pub async fn concurrent_pruners_delete_each_marker_once<D>(db: D)
+where
+    D: TestDb,
+    BackendOf<D>: PastInstant,
+{
+    create_tables(&db, 0).await;
+    let mut conn = db.connect().await;
+    insert_markers::<D>(&mut conn, "old", 20_000, 3_600).await;
+    insert_markers::<D>(&mut conn, "new", 100, 0).await;
+    let db = Arc::new(db);
+    let barrier = Arc::new(Barrier::new(4));
+    let pruners: Vec<_> = (0..4)
+        .map(|_| {
+            let (db, barrier) = (Arc::clone(&db), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                let mut conn = db.connect().await;
+                barrier.wait().await;
+                diesel_inbox::prune(&mut conn, Duration::from_secs(60)).await
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for pruner in pruners {
+        total += pruner.await.unwrap().expect("a pruner failed");
+    }
+    assert_eq!(total, 20_000);
+    assert_eq!(
+        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        100
+    );
+}
+
 /// Which transaction statement a cancellation test drops the handler at.
 #[derive(Debug, Clone, Copy)]
 enum Statement {
@@ -920,6 +1048,8 @@ macro_rules! common_scenarios {
             cancelled_handler_never_half_commits,
             cancelled_transaction_statements_never_half_commit,
             migrate_is_idempotent_and_concurrent,
+            prune_keeps_the_window_to_the_second,
+            concurrent_pruners_delete_each_marker_once,
             fast_path_adapts_to_duplicates,
         );
 

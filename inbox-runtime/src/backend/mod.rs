@@ -40,6 +40,14 @@ pub(crate) mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod queries;
+
+/// The row of a backend's `prune_bound` query.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[derive(diesel::QueryableByName)]
+struct FirstInWindow {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod savepoint;
 
@@ -179,6 +187,29 @@ pub(crate) mod sealed {
         fn abandon<'c, C>(
             conn: &'c mut C,
         ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// The lowest id of a marker inside the `window` (measured back from the
+        /// database's clock), or `None` when every marker is older. Ids grow with
+        /// insertion time, so [`Backend::prune_batch`] scans the primary key from its
+        /// start and stops here, instead of scanning recent markers for old ones.
+        fn prune_bound<C>(
+            conn: &mut C,
+            window_micros: i64,
+        ) -> impl Future<Output = QueryResult<Option<i64>>> + Send
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// Deletes up to `batch` markers older than the window whose ids are below
+        /// `below`, lowest ids first, in one statement and so one short transaction.
+        /// Concurrent pruners neither deadlock nor count a row twice.
+        fn prune_batch<C>(
+            conn: &mut C,
+            window_micros: i64,
+            below: i64,
+            batch: i64,
+        ) -> impl Future<Output = QueryResult<usize>> + Send
         where
             C: AsyncConnection<Backend = Self>;
 

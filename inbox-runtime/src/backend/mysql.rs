@@ -110,13 +110,15 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 mod imp {
     use std::future::Future;
 
+    use diesel::OptionalExtension as _;
     use diesel::QueryResult;
     use diesel::mysql::Mysql;
     use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
     use diesel::result::{DatabaseErrorKind, Error};
-    use diesel::sql_types::{Bool, Text};
+    use diesel::sql_types::{BigInt, Bool, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
+    use super::super::FirstInWindow;
     use super::super::queries::plain_insert;
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker};
@@ -181,6 +183,47 @@ mod imp {
             C: AsyncConnection<Backend = Self>,
         {
             savepoint::abandon(conn)
+        }
+
+        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let first = diesel::sql_query(
+                "SELECT id FROM inbox \
+                 WHERE processed_at >= NOW(6) - INTERVAL ? MICROSECOND \
+                 ORDER BY id LIMIT 1",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .get_result::<FirstInWindow>(conn)
+            .await
+            .optional()?;
+            Ok(first.map(|row| row.id))
+        }
+
+        async fn prune_batch<C>(
+            conn: &mut C,
+            window_micros: i64,
+            below: i64,
+            batch: i64,
+        ) -> QueryResult<usize>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // MySQL cannot delete from a table it selects from in a subquery, but takes
+            // ORDER BY and LIMIT on DELETE itself. Concurrent pruners lock rows in the
+            // same (primary key) order, so one waits for another instead of deadlocking,
+            // then finds those rows gone.
+            diesel::sql_query(
+                "DELETE FROM inbox \
+                 WHERE id < ? AND processed_at < NOW(6) - INTERVAL ? MICROSECOND \
+                 ORDER BY id LIMIT ?",
+            )
+            .bind::<BigInt, _>(below)
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(batch)
+            .execute(conn)
+            .await
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>

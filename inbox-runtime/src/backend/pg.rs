@@ -44,13 +44,15 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 mod imp {
     use std::future::Future;
 
+    use diesel::OptionalExtension as _;
     use diesel::QueryResult;
     use diesel::result::{DatabaseErrorKind, Error};
+    use diesel::sql_types::BigInt;
     use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
     use super::super::queries::marker_exists;
     use super::super::sealed::{self, Marker};
-    use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
+    use super::super::{FirstInWindow, leave_transaction, roll_back_for, rolled_back_underneath};
     use super::ABORTED_TRANSACTION;
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
@@ -101,6 +103,46 @@ mod imp {
                     Err(error) => Err(roll_back_for(conn, error).await),
                 }
             }
+        }
+
+        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let first = diesel::sql_query(
+                "SELECT id FROM inbox \
+                 WHERE processed_at >= now() - $1 * INTERVAL '1 microsecond' \
+                 ORDER BY id LIMIT 1",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .get_result::<FirstInWindow>(conn)
+            .await
+            .optional()?;
+            Ok(first.map(|row| row.id))
+        }
+
+        async fn prune_batch<C>(
+            conn: &mut C,
+            window_micros: i64,
+            below: i64,
+            batch: i64,
+        ) -> QueryResult<usize>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // SKIP LOCKED: concurrent pruners take disjoint batches instead of waiting
+            // for each other's rows, which they would then find deleted.
+            diesel::sql_query(
+                "DELETE FROM inbox WHERE id IN (\
+                 SELECT id FROM inbox \
+                 WHERE id < $2 AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(below)
+            .bind::<BigInt, _>(batch)
+            .execute(conn)
+            .await
         }
 
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>

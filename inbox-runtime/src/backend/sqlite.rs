@@ -25,9 +25,11 @@ mod imp {
     use diesel::QueryResult;
     use diesel::dsl::{exists, not, select};
     use diesel::prelude::*;
+    use diesel::sql_types::{BigInt, Text};
     use diesel::sqlite::Sqlite;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
+    use super::super::FirstInWindow;
     use super::super::queries::marker_row;
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker};
@@ -80,6 +82,44 @@ mod imp {
             savepoint::abandon(conn)
         }
 
+        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let first = diesel::sql_query(
+                "SELECT id FROM inbox WHERE processed_at >= datetime('now', ?) \
+                 ORDER BY id LIMIT 1",
+            )
+            .bind::<Text, _>(seconds_ago(window_micros))
+            .get_result::<FirstInWindow>(conn)
+            .await
+            .optional()?;
+            Ok(first.map(|row| row.id))
+        }
+
+        async fn prune_batch<C>(
+            conn: &mut C,
+            window_micros: i64,
+            below: i64,
+            batch: i64,
+        ) -> QueryResult<usize>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // SQLite has one writer at a time: concurrent pruners take turns.
+            diesel::sql_query(
+                "DELETE FROM inbox WHERE id IN (\
+                 SELECT id FROM inbox \
+                 WHERE id < ? AND processed_at < datetime('now', ?) \
+                 ORDER BY id LIMIT ?)",
+            )
+            .bind::<BigInt, _>(below)
+            .bind::<Text, _>(seconds_ago(window_micros))
+            .bind::<BigInt, _>(batch)
+            .execute(conn)
+            .await
+        }
+
         async fn migrate<C>(conn: &mut C) -> QueryResult<()>
         where
             C: AsyncConnection<Backend = Self>,
@@ -103,5 +143,11 @@ mod imp {
             // transaction that ended underneath the body was rolled back.
             std::future::ready(Ok(false))
         }
+    }
+
+    /// The `datetime()` modifier that goes back `micros`. SQLite's `processed_at` holds
+    /// whole seconds, so the window is compared to the second.
+    fn seconds_ago(micros: i64) -> String {
+        format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
     }
 }

@@ -1,0 +1,66 @@
+//! Deleting markers old enough that no redelivery can still arrive for them.
+
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, TransactionManager};
+
+use crate::backend::InboxBackend;
+use crate::backend::sealed::Backend as _;
+
+/// Markers deleted per statement: enough to make each round trip worth it, few enough
+/// that a batch's locks and its transaction stay short beside the handlers.
+const BATCH: i64 = 1_000;
+
+/// Deletes the markers processed more than `older_than` ago, as the database's clock
+/// tells time, and returns how many it deleted.
+///
+/// Works in batches of 1,000, each one statement and so its own short transaction, lowest
+/// ids first, and stops at the first marker inside the window: it never scans the
+/// recent part of the inbox. Several instances may prune at once: none deadlocks, and no
+/// row is counted twice. Like a handler, it refuses a connection inside a transaction,
+/// where its batches would not be short.
+///
+/// A marker deleted too early lets a late redelivery of its message through as new, so
+/// choose `older_than` from the broker's settings: [`Retention`](crate::Retention)
+/// does the arithmetic. SQLite stores `processed_at` in whole seconds, and compares the
+/// window to the second.
+///
+/// # Errors
+///
+/// A database error, or [`Error::AlreadyInTransaction`]. Batches deleted before an
+/// error stay deleted.
+pub async fn prune<C>(conn: &mut C, older_than: Duration) -> QueryResult<u64>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    if C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()?
+        .is_some()
+    {
+        return Err(Error::AlreadyInTransaction);
+    }
+    // No clock reaches back this far: nothing is that old.
+    let Ok(window) = i64::try_from(older_than.as_micros()) else {
+        return Ok(0);
+    };
+    let below = C::Backend::prune_bound(conn, window)
+        .await?
+        .unwrap_or(i64::MAX);
+    let mut deleted = 0;
+    loop {
+        let batch = C::Backend::prune_batch(conn, window, below, BATCH).await?;
+        deleted += batch as u64;
+        tracing::debug!(
+            inbox.pruned = batch,
+            inbox.pruned_total = deleted,
+            "pruned a batch of markers"
+        );
+        // A short batch: the old markers are gone, or another pruner holds the rest.
+        if (batch as i64) < BATCH {
+            return Ok(deleted);
+        }
+    }
+}
