@@ -127,3 +127,60 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
         handled[2]
     );
 }
+
+/// With the `metrics` feature, each delivery counts once under its consumer and outcome,
+/// and its duration is recorded; the key is never a label.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn each_delivery_is_counted_by_consumer_and_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let path = std::env::temp_dir().join(format!("diesel-inbox-metrics-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(path.to_str().unwrap())
+        .await
+        .unwrap();
+    diesel_inbox::migrate(&mut conn).await.unwrap();
+    conn.batch_execute(
+        "CREATE TABLE accounts (balance BIGINT NOT NULL); INSERT INTO accounts VALUES (0);",
+    )
+    .await
+    .unwrap();
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let guard = metrics::set_default_local_recorder(&recorder);
+    for id in ["m-1", "m-1", "m-2", ""] {
+        let _ = traced_credit(&mut conn, &Credit { id: id.into() }).await;
+    }
+    drop(guard);
+    std::fs::remove_file(&path).unwrap();
+
+    let mut counts = HashMap::new();
+    let mut durations = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: HashMap<&str, &str> = key
+            .key()
+            .labels()
+            .map(|label| (label.key(), label.value()))
+            .collect();
+        assert_eq!(labels["consumer"], "traced-credit");
+        assert_eq!(labels.len(), 2, "consumer and outcome only: {labels:?}");
+        match (key.key().name(), value) {
+            (diesel_inbox::metrics::DELIVERIES, DebugValue::Counter(count)) => {
+                counts.insert(labels["outcome"].to_owned(), count);
+            }
+            (diesel_inbox::metrics::DELIVERY_DURATION, DebugValue::Histogram(values)) => {
+                durations += values.len();
+            }
+            other => panic!("unexpected metric {other:?}"),
+        }
+    }
+    let expected: HashMap<String, u64> =
+        [("processed", 2), ("duplicate", 1), ("database_error", 1)]
+            .into_iter()
+            .map(|(outcome, count)| (outcome.to_owned(), count))
+            .collect();
+    assert_eq!(counts, expected);
+    assert_eq!(durations, 4);
+}

@@ -12,6 +12,8 @@ mod classify;
 mod disposition;
 mod fast_path;
 mod key;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod migrate;
 mod outcome;
 mod prune;

@@ -116,31 +116,29 @@ where
     )
     .instrument(span.clone())
     .await;
-    span.record("inbox.duration_ms", started.elapsed().as_secs_f64() * 1e3);
-    match stopped {
+    let elapsed = started.elapsed();
+    span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
+    let (result, outcome) = match stopped {
         Ok(value) => {
             handler.recent_duplicates.record(false);
-            span.record("inbox.outcome", "processed");
-            Ok(Outcome::Processed(value))
+            (Ok(Outcome::Processed(value)), "processed")
         }
         Err(Stop::Duplicate) => {
             handler.recent_duplicates.record(true);
-            span.record("inbox.outcome", "duplicate");
             tracing::debug!(parent: &span, "already processed: the body did not run");
-            Ok(Outcome::Duplicate)
+            (Ok(Outcome::Duplicate), "duplicate")
         }
-        Err(Stop::Handler(error)) => {
-            span.record("inbox.outcome", "handler_error");
-            Err(error)
-        }
+        Err(Stop::Handler(error)) => (Err(error), "handler_error"),
         Err(Stop::Database(error)) => {
-            let class = classify(&error);
-            span.record("inbox.outcome", "database_error");
-            span.record("error.type", tracing::field::debug(class));
+            span.record("error.type", tracing::field::debug(classify(&error)));
             tracing::debug!(parent: &span, error = %error, "nothing was committed");
-            Err(into_error(error))
+            (Err(into_error(error)), "database_error")
         }
-    }
+    };
+    span.record("inbox.outcome", outcome);
+    #[cfg(feature = "metrics")]
+    crate::metrics::record(handler.registration.consumer, outcome, elapsed);
+    result
 }
 
 /// One span per delivery, named after what it does, with OpenTelemetry's messaging
