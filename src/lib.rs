@@ -63,6 +63,8 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 pub use inbox_macros::idempotent;
+#[cfg(feature = "pruner")]
+pub use inbox_runtime::Pruner;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;

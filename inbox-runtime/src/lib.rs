@@ -17,6 +17,8 @@ pub mod metrics;
 mod migrate;
 mod outcome;
 mod prune;
+#[cfg(feature = "pruner")]
+mod pruner;
 mod registry;
 mod retention;
 #[cfg(feature = "retry")]
@@ -34,6 +36,8 @@ pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use prune::prune;
+#[cfg(feature = "pruner")]
+pub use pruner::Pruner;
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
 pub use retention::Retention;
 #[cfg(feature = "retry")]
