@@ -40,14 +40,6 @@ pub(crate) mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod queries;
-
-/// The row of a backend's `prune_bound` query.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-#[derive(diesel::QueryableByName)]
-struct FirstInWindow {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    id: i64,
-}
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod savepoint;
 
@@ -148,6 +140,15 @@ pub(crate) mod sealed {
         pub consumer: &'static str,
     }
 
+    /// The ids a prune walks, `start..end`: see [`Backend::prune_bounds`].
+    #[derive(Debug, diesel::QueryableByName)]
+    pub struct PruneBounds {
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+        pub start: Option<i64>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+        pub end: Option<i64>,
+    }
+
     pub trait Backend: diesel::backend::Backend + Sized {
         /// Whether the marker row is already committed. Must never see another
         /// transaction's uncommitted marker, whatever the session's isolation level: that
@@ -190,25 +191,26 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// The lowest id of a marker inside the `window` (measured back from the
-        /// database's clock), or `None` when every marker is older. Ids grow with
-        /// insertion time, so [`Backend::prune_batch`] scans the primary key from its
-        /// start and stops here, instead of scanning recent markers for old ones.
-        fn prune_bound<C>(
+        /// The ids [`Backend::prune_batch`] walks: from the lowest id up to the first id
+        /// of a marker inside the `window` (measured back from the database's clock),
+        /// or past the highest when every marker is older; `None` for an empty inbox.
+        /// Ids grow with insertion time, so both ends are found by primary key order,
+        /// and the recent part of the inbox is never scanned.
+        fn prune_bounds<C>(
             conn: &mut C,
             window_micros: i64,
-        ) -> impl Future<Output = QueryResult<Option<i64>>> + Send
+        ) -> impl Future<Output = QueryResult<Option<PruneBounds>>> + Send
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Deletes up to `batch` markers older than the window whose ids are below
-        /// `below`, lowest ids first, in one statement and so one short transaction.
-        /// Concurrent pruners neither deadlock nor count a row twice.
+        /// Deletes the markers with ids in `from..to` that are older than the window, in
+        /// one statement and so one short transaction. Concurrent pruners neither
+        /// deadlock nor count a row twice.
         fn prune_batch<C>(
             conn: &mut C,
             window_micros: i64,
-            below: i64,
-            batch: i64,
+            from: i64,
+            to: i64,
         ) -> impl Future<Output = QueryResult<usize>> + Send
         where
             C: AsyncConnection<Backend = Self>;

@@ -118,10 +118,9 @@ mod imp {
     use diesel::sql_types::{BigInt, Bool, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::FirstInWindow;
     use super::super::queries::plain_insert;
     use super::super::savepoint::{self, SavepointBackend, savepoint};
-    use super::super::sealed::{self, Marker};
+    use super::super::sealed::{self, Marker, PruneBounds};
     use crate::schema::INDEX_NAME;
 
     /// Records the new marker's id for [`SavepointBackend::own_marker_committed`], and sets
@@ -185,43 +184,43 @@ mod imp {
             savepoint::abandon(conn)
         }
 
-        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        async fn prune_bounds<C>(
+            conn: &mut C,
+            window_micros: i64,
+        ) -> QueryResult<Option<PruneBounds>>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let first = diesel::sql_query(
-                "SELECT id FROM inbox \
+            diesel::sql_query(
+                "SELECT MIN(id) AS start, COALESCE(\
+                 (SELECT id FROM inbox \
                  WHERE processed_at >= NOW(6) - INTERVAL ? MICROSECOND \
-                 ORDER BY id LIMIT 1",
+                 ORDER BY id LIMIT 1), MAX(id) + 1) AS end FROM inbox",
             )
             .bind::<BigInt, _>(window_micros)
-            .get_result::<FirstInWindow>(conn)
+            .get_result::<PruneBounds>(conn)
             .await
-            .optional()?;
-            Ok(first.map(|row| row.id))
+            .optional()
         }
 
         async fn prune_batch<C>(
             conn: &mut C,
             window_micros: i64,
-            below: i64,
-            batch: i64,
+            from: i64,
+            to: i64,
         ) -> QueryResult<usize>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            // MySQL cannot delete from a table it selects from in a subquery, but takes
-            // ORDER BY and LIMIT on DELETE itself. Concurrent pruners lock rows in the
-            // same (primary key) order, so one waits for another instead of deadlocking,
-            // then finds those rows gone.
+            // A range of the primary key: concurrent pruners lock it in the same order,
+            // so one waits for another instead of deadlocking, then finds those rows gone.
             diesel::sql_query(
-                "DELETE FROM inbox \
-                 WHERE id < ? AND processed_at < NOW(6) - INTERVAL ? MICROSECOND \
-                 ORDER BY id LIMIT ?",
+                "DELETE FROM inbox WHERE id >= ? AND id < ? \
+                 AND processed_at < NOW(6) - INTERVAL ? MICROSECOND",
             )
-            .bind::<BigInt, _>(below)
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to)
             .bind::<BigInt, _>(window_micros)
-            .bind::<BigInt, _>(batch)
             .execute(conn)
             .await
         }

@@ -51,8 +51,8 @@ mod imp {
     use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
     use super::super::queries::marker_exists;
-    use super::super::sealed::{self, Marker};
-    use super::super::{FirstInWindow, leave_transaction, roll_back_for, rolled_back_underneath};
+    use super::super::sealed::{self, Marker, PruneBounds};
+    use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
     use super::ABORTED_TRANSACTION;
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
@@ -105,42 +105,45 @@ mod imp {
             }
         }
 
-        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        async fn prune_bounds<C>(
+            conn: &mut C,
+            window_micros: i64,
+        ) -> QueryResult<Option<PruneBounds>>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let first = diesel::sql_query(
-                "SELECT id FROM inbox \
+            diesel::sql_query(
+                "SELECT MIN(id) AS start, COALESCE(\
+                 (SELECT id FROM inbox \
                  WHERE processed_at >= now() - $1 * INTERVAL '1 microsecond' \
-                 ORDER BY id LIMIT 1",
+                 ORDER BY id LIMIT 1), MAX(id) + 1) AS end FROM inbox",
             )
             .bind::<BigInt, _>(window_micros)
-            .get_result::<FirstInWindow>(conn)
+            .get_result::<PruneBounds>(conn)
             .await
-            .optional()?;
-            Ok(first.map(|row| row.id))
+            .optional()
         }
 
         async fn prune_batch<C>(
             conn: &mut C,
             window_micros: i64,
-            below: i64,
-            batch: i64,
+            from: i64,
+            to: i64,
         ) -> QueryResult<usize>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            // SKIP LOCKED: concurrent pruners take disjoint batches instead of waiting
-            // for each other's rows, which they would then find deleted.
+            // SKIP LOCKED: concurrent pruners take disjoint rows instead of waiting for
+            // each other's, which they would then find deleted.
             diesel::sql_query(
                 "DELETE FROM inbox WHERE id IN (\
-                 SELECT id FROM inbox \
-                 WHERE id < $2 AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
-                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                 SELECT id FROM inbox WHERE id >= $2 AND id < $3 \
+                 AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
+                 FOR UPDATE SKIP LOCKED)",
             )
             .bind::<BigInt, _>(window_micros)
-            .bind::<BigInt, _>(below)
-            .bind::<BigInt, _>(batch)
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to)
             .execute(conn)
             .await
         }

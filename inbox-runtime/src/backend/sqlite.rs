@@ -29,10 +29,9 @@ mod imp {
     use diesel::sqlite::Sqlite;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::FirstInWindow;
     use super::super::queries::marker_row;
     use super::super::savepoint::{self, SavepointBackend, savepoint};
-    use super::super::sealed::{self, Marker};
+    use super::super::sealed::{self, Marker, PruneBounds};
 
     diesel::table! {
         /// The connection's `PRAGMA read_uncommitted`, as a table-valued function.
@@ -82,40 +81,41 @@ mod imp {
             savepoint::abandon(conn)
         }
 
-        async fn prune_bound<C>(conn: &mut C, window_micros: i64) -> QueryResult<Option<i64>>
+        async fn prune_bounds<C>(
+            conn: &mut C,
+            window_micros: i64,
+        ) -> QueryResult<Option<PruneBounds>>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let first = diesel::sql_query(
-                "SELECT id FROM inbox WHERE processed_at >= datetime('now', ?) \
-                 ORDER BY id LIMIT 1",
+            diesel::sql_query(
+                "SELECT MIN(id) AS start, COALESCE(\
+                 (SELECT id FROM inbox WHERE processed_at >= datetime('now', ?) \
+                 ORDER BY id LIMIT 1), MAX(id) + 1) AS end FROM inbox",
             )
             .bind::<Text, _>(seconds_ago(window_micros))
-            .get_result::<FirstInWindow>(conn)
+            .get_result::<PruneBounds>(conn)
             .await
-            .optional()?;
-            Ok(first.map(|row| row.id))
+            .optional()
         }
 
         async fn prune_batch<C>(
             conn: &mut C,
             window_micros: i64,
-            below: i64,
-            batch: i64,
+            from: i64,
+            to: i64,
         ) -> QueryResult<usize>
         where
             C: AsyncConnection<Backend = Self>,
         {
             // SQLite has one writer at a time: concurrent pruners take turns.
             diesel::sql_query(
-                "DELETE FROM inbox WHERE id IN (\
-                 SELECT id FROM inbox \
-                 WHERE id < ? AND processed_at < datetime('now', ?) \
-                 ORDER BY id LIMIT ?)",
+                "DELETE FROM inbox WHERE id >= ? AND id < ? \
+                 AND processed_at < datetime('now', ?)",
             )
-            .bind::<BigInt, _>(below)
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to)
             .bind::<Text, _>(seconds_ago(window_micros))
-            .bind::<BigInt, _>(batch)
             .execute(conn)
             .await
         }
