@@ -76,5 +76,7 @@ pub use inbox_runtime::{
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use inbox_runtime::{FastPath, Handler, HandlerError, encode_key, inventory, run};
+    pub use inbox_runtime::{
+        FastPath, Handler, HandlerError, encode_key, fake_return, inventory, run,
+    };
 }

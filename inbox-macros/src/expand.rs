@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
+use syn::visit_mut::{self, VisitMut};
 use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote};
 
 use crate::validate::{Handler, ungroup};
@@ -31,7 +32,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // plain `async fn` (coroutines drop what they own when they complete, which for the
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
-    let closure = quote!(async |#conn| -> #result { #(#borrows)* #body });
+    let closure_result = closure_result(&result);
+    let fake_return = fake_return(&closure_result);
+    let closure = quote!(async |#conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
     // `InboxKey` is reported there.
@@ -85,6 +88,43 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// The handler's return type as the closure declares it: each `impl Trait` becomes `_`,
+/// which a closure may leave to inference (an `impl Trait` there is an error about
+/// closures the user never wrote), while the handler's signature keeps the opaque type.
+fn closure_result(result: &Type) -> Type {
+    struct Infer;
+    impl VisitMut for Infer {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(opaque) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: Token![_](opaque.impl_token.span),
+                });
+            } else {
+                visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    let mut result = result.clone();
+    Infer.visit_type_mut(&mut result);
+    result
+}
+
+/// A return of the declared type ahead of the body, never taken: tracing-attributes'
+/// "fake return edge". An async closure's declared return type does not reach the
+/// expressions of its body, so without it `Ok(Box::new(id))` for a
+/// `Result<Box<dyn Display>, E>` is not coerced and fails as "mismatched types"; with
+/// it the body is checked against the declared type, as a plain `async fn`'s body is,
+/// and a wrong type is reported at the user's expression. Unlike tracing's
+/// `loop {}`, a call returning the type needs no `allow(unreachable_code)`, which a
+/// user's `forbid` would reject.
+fn fake_return(result: &Type) -> TokenStream {
+    quote_spanned!(result.span()=>
+        if false {
+            return ::diesel_inbox::__private::fake_return::<#result>();
+        }
+    )
 }
 
 /// A crate-root macro named after the consumer. A second handler with the same consumer

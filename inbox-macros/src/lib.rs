@@ -95,6 +95,13 @@ use quote::ToTokens;
 ///         // Not `move`: the parameters stay the handler's. `conn` here is the
 ///         // transaction's connection, shadowing the parameter.
 ///         async |conn| -> Result<(), AppError> {
+///             // Never taken: makes rustc check the body against the declared return
+///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
+///             // object apply as in a plain `async fn`. An `impl Trait` in the return
+///             // type is `_` in these two places.
+///             if false {
+///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
+///             }
 ///             // Borrows each parameter the body names, whole and mutably: the closure
 ///             // then captures neither a copy of a field nor a shared reference.
 ///             let _ = &mut msg;

@@ -48,6 +48,17 @@ impl<E: From<Error>> HandlerError for E {
     }
 }
 
+/// Never called: the `#[idempotent]` expansion writes `if false { return
+/// fake_return::<R>(); }` at the top of the body's closure, so that rustc checks the
+/// body against the handler's declared return type `R` and coerces inside it
+/// (`Ok(Box::new(x))` for `Result<Box<dyn Trait>, E>`), as it does for a plain
+/// `async fn`. A call returning `R`, unlike a diverging `loop {}`, adds no unreachable
+/// code to warn about.
+#[doc(hidden)]
+pub fn fake_return<R>() -> R {
+    unreachable!("`fake_return` is only named in a branch that never runs")
+}
+
 /// Why a call ended without committing.
 enum Stop<E> {
     Duplicate,
