@@ -20,6 +20,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         fast_path,
         ok,
         err,
+        krate,
     } = handler;
     let ReturnType::Type(_, result) = &function.sig.output else {
         unreachable!("validation accepted only `-> Result<T, E>`")
@@ -33,36 +34,43 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
     let closure_result = closure_result(&result);
-    let fake_return = fake_return(&closure_result);
+    let fake_return = fake_return(&at(&krate, result.span()), &closure_result);
     let closure = quote!(async |#conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
     // `InboxKey` is reported there.
-    let encode = quote_spanned!(key.span()=> ::diesel_inbox::__private::encode_key(&(#key)));
+    let encode = {
+        let krate = at(&krate, key.span());
+        quote_spanned!(key.span()=> #krate::__private::encode_key(&(#key)))
+    };
     // Spanned at the error type, so that an error type without the conversion is
     // reported at the handler's signature.
-    let into_error = quote_spanned!(err.span()=>
-        <#err as ::diesel_inbox::__private::HandlerError>::from_diesel
-    );
+    let into_error = {
+        let krate = at(&krate, err.span());
+        quote_spanned!(err.span()=> <#err as #krate::__private::HandlerError>::from_diesel)
+    };
     // Evaluated before the transaction, like the key.
     let fast_path = match fast_path {
-        None => quote!(::diesel_inbox::__private::FastPath::Adaptive),
+        None => quote!(#krate::__private::FastPath::Adaptive),
         Some(when) => {
-            quote_spanned!(when.span()=> ::diesel_inbox::__private::FastPath::when(#when))
+            let krate = at(&krate, when.span());
+            quote_spanned!(when.span()=> #krate::__private::FastPath::when(#when))
         }
     };
     let claim = consumer_claim(&consumer);
     let not_in_trait_default = has_self(&function.sig).then(|| not_in_trait_default(&consumer));
     let handler = function.sig.ident.to_string();
     let registration = format_ident!("__INBOX_HANDLER", span = Span::mixed_site());
-    let registered = quote!(::diesel_inbox::RegisteredHandler::new(
+    let registered = quote!(#krate::RegisteredHandler::new(
         #consumer,
         ::core::concat!(::core::module_path!(), "::", #handler),
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let run = quote_spanned!(conn.span()=>
-        ::diesel_inbox::__private::run(
+    let run = {
+        let krate = at(&krate, conn.span());
+        quote_spanned!(conn.span()=>
+        #krate::__private::run(
             #conn,
             &#registration,
             #message_id,
@@ -71,23 +79,36 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             #closure,
         )
         .await
-    );
+        )
+    };
     function.block = parse_quote!({
         #claim
         #not_in_trait_default
         // `run` reads the consumer through this static's address: calling the handler
         // then links the object holding its registration, even when a generic handler
         // is instantiated in another crate.
-        static #registration: ::diesel_inbox::__private::Handler =
-            ::diesel_inbox::__private::Handler::new(#registered);
-        ::diesel_inbox::__private::inventory::submit! { #registered }
+        static #registration: #krate::__private::Handler =
+            #krate::__private::Handler::new(#registered);
+        #krate::__private::inventory::submit! { #registered }
         let #message_id = #encode;
         #run
     });
     function.sig.output = parse_quote!(
-        -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>
+        -> ::core::result::Result<#krate::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
+/// spans, and an error in a call is reported where the path of the called function is.
+fn at(krate: &syn::Path, span: Span) -> TokenStream {
+    quote!(#krate)
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 /// The handler's return type as the closure declares it: each `impl Trait` becomes `_`,
@@ -119,10 +140,10 @@ fn closure_result(result: &Type) -> Type {
 /// and a wrong type is reported at the user's expression. Unlike tracing's
 /// `loop {}`, a call returning the type needs no `allow(unreachable_code)`, which a
 /// user's `forbid` would reject.
-fn fake_return(result: &Type) -> TokenStream {
+fn fake_return(krate: &TokenStream, result: &Type) -> TokenStream {
     quote_spanned!(result.span()=>
         if false {
-            return ::diesel_inbox::__private::fake_return::<#result>();
+            return #krate::__private::fake_return::<#result>();
         }
     )
 }
@@ -344,7 +365,29 @@ fn not_in_trait_default(consumer: &LitStr) -> TokenStream {
 
 #[cfg(test)]
 mod tests {
-    use super::encode_consumer;
+    use super::{encode_consumer, expand};
+    use crate::validate::validate;
+
+    /// A renamed dependency has no `::diesel_inbox` to fall back on: every path the
+    /// expansion writes must go through `crate = …`.
+    #[test]
+    fn crate_path_replaces_every_path() {
+        let args = syn::parse_str("consumer = \"c\", key = id, crate = ::inbox").unwrap();
+        let function = syn::parse_quote! {
+            async fn handle(&self, conn: &mut C, id: u64) -> Result<u64, E> { Ok(id) }
+        };
+        let handler = validate(args, &function).unwrap_or_else(|e| panic!("{e}"));
+        let expanded = expand(handler, function).to_string();
+        let unrouted = expanded
+            .replace("diesel_inbox_consumer_used_twice__", "")
+            .matches("diesel_inbox")
+            .count();
+        assert_eq!(unrouted, 0, "{expanded}");
+        assert!(
+            expanded.contains(":: inbox :: __private :: run"),
+            "{expanded}"
+        );
+    }
 
     #[test]
     fn consumers_encode_readably() {

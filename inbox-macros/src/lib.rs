@@ -44,6 +44,12 @@ use quote::ToTokens;
 ///   flags as redelivered. By default the handler reads first while a quarter or more of
 ///   its recent deliveries were duplicates: never during a stream of new messages,
 ///   always during a replay. Correctness never depends on it.
+/// - `crate = <path>`: where the generated code finds diesel-inbox, by default
+///   `::diesel_inbox`. For a renamed dependency
+///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
+///   that re-exports diesel-inbox, the path of the re-export, such as
+///   `crate = my_facade::inbox`. serde's and tokio's string form, `crate = "::inbox"`,
+///   is accepted too. Every path of the expansion goes through it.
 ///
 /// # Examples
 ///
@@ -60,7 +66,7 @@ use quote::ToTokens;
 ///
 /// # Expansion
 ///
-/// The example above becomes, in effect:
+/// The example above becomes, in effect (each `diesel_inbox` is the `crate = …` path):
 ///
 /// ```ignore
 /// async fn credit(
@@ -141,6 +147,7 @@ use quote::ToTokens;
 /// but a function, or applied twice (at the second); a function that is not `async`, or
 /// is `const`, `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>`;
 /// a missing, duplicate or unknown argument (with the closest valid name suggested); a
+/// `crate` that is not a path; a
 /// consumer that is not a string literal, is empty, longer than 200 bytes, outside the
 /// character set, or already used by another handler of the crate (E0428, naming
 /// `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no parameter, or no

@@ -2,8 +2,8 @@
 
 use syn::spanned::Spanned;
 use syn::{
-    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat,
-    PathArguments, ReturnType, Type,
+    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
+    PathArguments, ReturnType, Type, parse_quote,
 };
 
 use crate::args::{ARGUMENTS, Arguments};
@@ -21,6 +21,8 @@ pub(crate) struct Handler {
     /// `T` and `E` of the handler's `Result<T, E>`.
     pub(crate) ok: Type,
     pub(crate) err: Type,
+    /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
+    pub(crate) krate: Path,
 }
 
 /// Collects errors so that one build reports all of them.
@@ -81,7 +83,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             }
         }
     }
-    let [consumer, key, conn, fast_path] = given;
+    let [consumer, key, conn, fast_path, krate] = given;
 
     let consumer = match consumer {
         Some(value) => consumer_name(&value, &mut errors),
@@ -107,6 +109,11 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             None
         }
     });
+
+    let krate = match krate {
+        None => Some(parse_quote!(::diesel_inbox)),
+        Some(value) => crate_path(&value, &mut errors),
+    };
 
     let signature = &function.sig;
     if signature.asyncness.is_none() && returns_boxed_future(&signature.output) {
@@ -139,15 +146,18 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
     let result = result_types(&signature.output, &mut errors);
     let conn = connection_parameter(conn, function, &mut errors);
 
-    match (errors.0, consumer, key, conn, result) {
-        (None, Some(consumer), Some(key), Some(conn), Some((ok, err))) => Ok(Handler {
-            consumer,
-            key,
-            conn,
-            fast_path,
-            ok,
-            err,
-        }),
+    match (errors.0, consumer, key, conn, result, krate) {
+        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
+            Ok(Handler {
+                consumer,
+                key,
+                conn,
+                fast_path,
+                ok,
+                err,
+                krate,
+            })
+        }
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing piece records an error"),
     }
@@ -191,6 +201,32 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
         return Some(lit.clone());
     }
     None
+}
+
+/// `crate = path`, or serde's and tokio's string form `crate = "path"`: where a renamed
+/// dependency (`::inbox`) or a facade's re-export (`my_facade::inbox`) puts diesel-inbox.
+fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+    let message = "`crate` takes the path diesel-inbox is reachable at, such as \
+                   `crate = ::inbox` for a renamed dependency or `crate = my_facade::inbox` \
+                   for a re-export";
+    match ungroup_expr(value) {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
+            Some(path.path.clone())
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => match lit.parse::<Path>() {
+            Ok(path) => Some(path),
+            Err(_) => {
+                errors.spanned(lit, message);
+                None
+            }
+        },
+        other => {
+            errors.spanned(other, message);
+            None
+        }
+    }
 }
 
 /// The valid argument a misspelt one most likely meant, if any is close.
