@@ -27,6 +27,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     };
     let result = result.clone();
     let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
+    let conn_mut = take_connection_mut(&mut function.sig, &conn);
     let body = &function.block;
     // Not `move`: the parameters stay in the handler's frame, so the body's writes land
     // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
@@ -35,7 +36,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // so the body can only reach the transaction's connection.
     let closure_result = closure_result(&result);
     let fake_return = fake_return(&at(&krate, result.span()), &closure_result);
-    let closure = quote!(async |#conn| -> #closure_result { #fake_return #(#borrows)* #body });
+    let closure =
+        quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
     // `InboxKey` is reported there.
@@ -49,7 +51,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         let krate = at(&krate, err.span());
         quote_spanned!(err.span()=> <#err as #krate::__private::HandlerError>::from_diesel)
     };
-    // Evaluated before the transaction, like the key.
+    // Evaluated before the transaction, like the key, and before `run` borrows the
+    // connection, so that it can use the connection too.
+    let fast_path_value = format_ident!("__inbox_fast_path", span = Span::mixed_site());
     let fast_path = match fast_path {
         None => quote!(#krate::__private::FastPath::Adaptive),
         Some(when) => {
@@ -71,10 +75,10 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         let krate = at(&krate, conn.span());
         quote_spanned!(conn.span()=>
         #krate::__private::run(
-            #conn,
+            #krate::__private::ConnectionParameter::borrow(#conn),
             &#registration,
             #message_id,
-            #fast_path,
+            #fast_path_value,
             #into_error,
             #closure,
         )
@@ -91,12 +95,26 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             #krate::__private::Handler::new(#registered);
         #krate::__private::inventory::submit! { #registered }
         let #message_id = #encode;
+        let #fast_path_value = #fast_path;
         #run
     });
     function.sig.output = parse_quote!(
         -> ::core::result::Result<#krate::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// Moves a `mut` from the connection parameter to the closure's parameter, which is
+/// the binding the body reassigns; left on the handler's parameter, it would be unused
+/// there and rustc would suggest `mut mut conn`.
+fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]> {
+    sig.inputs.iter_mut().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_mut() {
+            Pat::Ident(pat) if pat.ident == *conn => pat.mutability.take(),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    })
 }
 
 /// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
@@ -376,7 +394,8 @@ mod tests {
         let function = syn::parse_quote! {
             async fn handle(&self, conn: &mut C, id: u64) -> Result<u64, E> { Ok(id) }
         };
-        let handler = validate(args, &function).unwrap_or_else(|e| panic!("{e}"));
+        let handler =
+            validate(args, &function).unwrap_or_else(|rejected| panic!("{}", rejected.error));
         let expanded = expand(handler, function).to_string();
         let unrouted = expanded
             .replace("diesel_inbox_consumer_used_twice__", "")

@@ -1,5 +1,7 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
+use proc_macro2::{Punct, TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
     Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
@@ -23,6 +25,15 @@ pub(crate) struct Handler {
     pub(crate) err: Type,
     /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
     pub(crate) krate: Path,
+}
+
+/// A handler that failed a check: the errors, and the argument expressions that would
+/// have used its parameters.
+pub(crate) struct Rejected {
+    pub(crate) error: syn::Error,
+    /// `key` and `fast_path` as given. The re-emitted function names them, so that a
+    /// parameter only they use is not reported unused on top of the real mistake.
+    pub(crate) uses: Vec<Expr>,
 }
 
 /// Collects errors so that one build reports all of them.
@@ -64,7 +75,7 @@ pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Erro
     errors.0
 }
 
-pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, syn::Error> {
+pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
     let mut errors = Errors::default();
     let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
     // An argument suggested for a misspelt one is not reported missing as well.
@@ -123,7 +134,10 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
              into a boxed future; put `#[idempotent]` on an inherent `async fn` and call it \
              from the trait method, or use a native `async fn` in the trait",
         );
-        return Err(errors.0.expect("just recorded"));
+        return Err(Rejected {
+            error: errors.0.expect("just recorded"),
+            uses: key.into_iter().chain(fast_path).collect(),
+        });
     }
     if signature.asyncness.is_none() {
         errors.spanned(
@@ -145,6 +159,9 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
     }
     let result = result_types(&signature.output, &mut errors);
     let conn = connection_parameter(conn, function, &mut errors);
+    if let Some(conn) = &conn {
+        connection_lifetime_unnamed(conn, function, &mut errors);
+    }
 
     match (errors.0, consumer, key, conn, result, krate) {
         (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
@@ -158,7 +175,10 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
                 krate,
             })
         }
-        (Some(error), ..) => Err(error),
+        (Some(error), _, key, ..) => Err(Rejected {
+            error,
+            uses: key.into_iter().chain(fast_path).collect(),
+        }),
         _ => unreachable!("every missing piece records an error"),
     }
 }
@@ -308,7 +328,8 @@ fn result_types(output: &ReturnType, errors: &mut Errors) -> Option<(Type, Type)
 }
 
 /// The parameter named by `conn = …`, else the one named `conn`, else the only `&mut`
-/// parameter.
+/// parameter. A `&mut` parameter under `#[cfg]` exists only in some builds, so it is not
+/// a candidate next to one that exists in all of them.
 fn connection_parameter(
     named: Option<Ident>,
     function: &ItemFn,
@@ -317,7 +338,7 @@ fn connection_parameter(
     let typed = || {
         function.sig.inputs.iter().filter_map(|input| match input {
             FnArg::Typed(typed) => match typed.pat.as_ref() {
-                Pat::Ident(pat) => Some((&pat.ident, typed.ty.as_ref())),
+                Pat::Ident(pat) => Some((&pat.ident, typed)),
                 _ => None,
             },
             FnArg::Receiver(_) => None,
@@ -336,14 +357,26 @@ fn connection_parameter(
     if let Some((ident, _)) = typed().find(|(ident, _)| *ident == "conn") {
         return Some(ident.clone());
     }
-    let mutable: Vec<&Ident> = typed()
-        .filter(
-            |(_, ty)| matches!(ungroup(ty), Type::Reference(reference) if reference.mutability.is_some()),
-        )
-        .map(|(ident, _)| ident)
+    let mutable: Vec<(&Ident, bool)> = typed()
+        .filter(|(_, typed)| {
+            matches!(ungroup(&typed.ty), Type::Reference(reference) if reference.mutability.is_some())
+        })
+        .map(|(ident, typed)| {
+            let cfg = typed.attrs.iter().any(|attr| attr.path().is_ident("cfg"));
+            (ident, cfg)
+        })
         .collect();
-    match mutable.as_slice() {
-        [only] => Some((*only).clone()),
+    let unconditional: Vec<&Ident> = mutable
+        .iter()
+        .filter(|(_, cfg)| !cfg)
+        .map(|(ident, _)| *ident)
+        .collect();
+    let candidates = if unconditional.is_empty() {
+        mutable.iter().map(|(ident, _)| *ident).collect()
+    } else {
+        unconditional
+    };
+    match candidates.as_slice() {
         [] => {
             errors.spanned(
                 &function.sig.inputs,
@@ -351,6 +384,8 @@ fn connection_parameter(
             );
             None
         }
+        // One name, under a `#[cfg]` each: the connection of each build.
+        [first, rest @ ..] if rest.iter().all(|ident| ident == first) => Some((*first).clone()),
         several => {
             let names = several
                 .iter()
@@ -364,6 +399,60 @@ fn connection_parameter(
             None
         }
     }
+}
+
+/// The body runs on the transaction's reborrow of the connection, which is shorter than
+/// the lifetime the parameter declares: a body naming that lifetime for the connection
+/// fails with "lifetime may not live long enough" at tokens the user did not write.
+fn connection_lifetime_unnamed(conn: &Ident, function: &ItemFn, errors: &mut Errors) {
+    let lifetime = function.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match (typed.pat.as_ref(), ungroup(&typed.ty)) {
+            (Pat::Ident(pat), Type::Reference(reference)) if pat.ident == *conn => {
+                reference.lifetime.clone()
+            }
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    let Some(lifetime) = lifetime.filter(|l| l.ident != "_" && l.ident != "static") else {
+        return;
+    };
+    if let Some(named) = find_lifetime(function.block.to_token_stream(), &lifetime.ident) {
+        errors.spanned(
+            named,
+            format!(
+                "the body cannot name `{lifetime}`: it runs on the transaction's borrow of \
+                 `{conn}`, which is shorter than `{lifetime}`; write `'_` or leave the \
+                 lifetime out"
+            ),
+        );
+    }
+}
+
+/// The first `'name` in `tokens`, as its two tokens.
+fn find_lifetime(tokens: TokenStream, name: &Ident) -> Option<TokenStream> {
+    let mut previous: Option<Punct> = None;
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) if ident == *name => {
+                if let Some(quote) = previous.take() {
+                    return Some(TokenStream::from_iter([
+                        TokenTree::Punct(quote),
+                        TokenTree::Ident(ident),
+                    ]));
+                }
+            }
+            TokenTree::Punct(punct) if punct.as_char() == '\'' => previous = Some(punct),
+            TokenTree::Group(group) => {
+                if let Some(found) = find_lifetime(group.stream(), name) {
+                    return Some(found);
+                }
+                previous = None;
+            }
+            _ => previous = None,
+        }
+    }
+    None
 }
 
 /// `expr` without the invisible groups that `macro_rules!` fragments (`$c:literal`,

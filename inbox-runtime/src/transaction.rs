@@ -59,6 +59,32 @@ pub fn fake_return<R>() -> R {
     unreachable!("`fake_return` is only named in a branch that never runs")
 }
 
+/// The connection parameter of an `#[idempotent]` handler, as `run` takes it: a `&mut`
+/// borrow. Through this trait, rather than `run`'s own `&mut C`, a connection taken by
+/// value is reported at the handler's parameter with what to write instead.
+#[diagnostic::on_unimplemented(
+    message = "the connection parameter of an `#[idempotent]` handler must be a `&mut` \
+               borrow, not `{Self}`",
+    label = "taken by value",
+    note = "the transaction runs on a borrow of the connection, which the caller keeps: \
+            take `conn: &mut {Self}` and pass `&mut conn`"
+)]
+pub trait ConnectionParameter<'c> {
+    /// The connection the transaction runs on.
+    type Connection: ?Sized;
+
+    /// The borrow `run` takes.
+    fn borrow(self) -> &'c mut Self::Connection;
+}
+
+impl<'c, C: ?Sized> ConnectionParameter<'c> for &'c mut C {
+    type Connection = C;
+
+    fn borrow(self) -> &'c mut C {
+        self
+    }
+}
+
 /// Why a call ended without committing.
 enum Stop<E> {
     Duplicate,
