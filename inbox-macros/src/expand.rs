@@ -62,12 +62,19 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         }
     };
     let claim = consumer_claim(&consumer);
-    let not_in_trait_default = has_self(&function.sig).then(|| not_in_trait_default(&consumer));
+    let method = has_self(&function.sig);
+    let not_in_trait_default = method.then(|| not_in_trait_default(&consumer));
     let handler = function.sig.ident.to_string();
+    // A method's type is out of the attribute's sight (and `Self` out of a static's), so
+    // its place tells it from a namesake on another type of the module.
+    let place = method.then(|| {
+        let line = quote_spanned!(function.sig.ident.span()=> ::core::line!());
+        quote!(" (method at ", ::core::file!(), ":", #line, ")")
+    });
     let registration = format_ident!("__INBOX_HANDLER", span = Span::mixed_site());
     let registered = quote!(#krate::RegisteredHandler::new(
         #consumer,
-        ::core::concat!(::core::module_path!(), "::", #handler),
+        ::core::concat!(::core::module_path!(), "::", #handler, #place),
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.

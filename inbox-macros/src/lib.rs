@@ -90,6 +90,7 @@ use quote::ToTokens;
 ///     // names shared across crates at start-up.
 ///     // Also holds the recent outcomes the adaptive fast path goes by.
 ///     static HANDLER: diesel_inbox::__private::Handler = diesel_inbox::__private::Handler::new(
+///         // A method adds its place: "my_service::credit (method at src/lib.rs:12)".
 ///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit"),
 ///     );
 ///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
