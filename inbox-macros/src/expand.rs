@@ -8,7 +8,10 @@ use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote};
+use syn::{
+    FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote,
+    parse_quote_spanned,
+};
 
 use crate::validate::{Handler, ungroup};
 
@@ -23,19 +26,22 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         krate,
     } = handler;
     let ReturnType::Type(_, result) = &function.sig.output else {
-        unreachable!("validation accepted only `-> Result<T, E>`")
+        unreachable!("validation accepted only a return type")
     };
-    let result = result.clone();
+    let result_span = result.span();
     let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
     let conn_mut = take_connection_mut(&mut function.sig, &conn);
     let body = &function.block;
+    // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
+    // alias that is none is then reported once, at the return type.
+    let closure_result =
+        closure_result(&parse_quote_spanned!(result_span=> ::core::result::Result<#ok, #err>));
+    let fake_return = fake_return(&at(&krate, result_span), &closure_result);
     // Not `move`: the parameters stay in the handler's frame, so the body's writes land
     // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
     // plain `async fn` (coroutines drop what they own when they complete, which for the
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
-    let closure_result = closure_result(&result);
-    let fake_return = fake_return(&at(&krate, result.span()), &closure_result);
     let closure =
         quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
@@ -126,7 +132,7 @@ fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]>
 
 /// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
 /// spans, and an error in a call is reported where the path of the called function is.
-fn at(krate: &syn::Path, span: Span) -> TokenStream {
+pub(crate) fn at(krate: &syn::Path, span: Span) -> TokenStream {
     quote!(#krate)
         .into_iter()
         .map(|mut token| {

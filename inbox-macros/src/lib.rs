@@ -18,7 +18,9 @@ use quote::ToTokens;
 ///
 /// The handler's body runs in one database transaction together with the insert of a
 /// marker row (`message_id`, `consumer`) into the inbox table. The handler, declared as
-/// returning `Result<T, E>`, then returns `Result<diesel_inbox::Outcome<T>, E>`:
+/// returning `Result<T, E>` or an alias of it whose name ends in `Result` (such as
+/// `diesel::QueryResult<T>` or `anyhow::Result<T>`), then returns
+/// `Result<diesel_inbox::Outcome<T>, E>`:
 ///
 /// - `Ok(Outcome::Processed(value))`: the body's writes and the marker committed;
 /// - `Ok(Outcome::Duplicate)`: this message was already processed by this consumer, and
@@ -113,7 +115,10 @@ use quote::ToTokens;
 ///             // Never taken: makes rustc check the body against the declared return
 ///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
 ///             // object apply as in a plain `async fn`. An `impl Trait` in the return
-///             // type is `_` in these two places.
+///             // type is `_` in these two places. For an alias such as
+///             // `diesel::QueryResult<()>`, `T` and `E` here and in the signature are
+///             // `<diesel::QueryResult<()> as diesel_inbox::__private::HandlerResult>::Ok`
+///             // and `::Err`.
 ///             if false {
 ///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
 ///             }
@@ -155,7 +160,9 @@ use quote::ToTokens;
 /// Compile errors, each placed on the offending tokens, for: an attribute on anything
 /// but a function, on a trait's method declaration (which has no body to run), or
 /// applied twice (at the second); a function that is not `async`, or is `const`,
-/// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>`; a missing,
+/// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>` nor an alias
+/// named `…Result`, or such an alias that is no `Result` (as rustc's "handlers return a
+/// `Result`, not …"); a missing,
 /// duplicate or unknown argument (with the closest valid name suggested); a `crate` that
 /// is not a path; a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate

@@ -5,10 +5,11 @@ use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
     Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
-    PathArguments, ReturnType, Type, parse_quote,
+    PathArguments, PathSegment, ReturnType, Type, parse_quote, parse_quote_spanned,
 };
 
 use crate::args::{ARGUMENTS, Arguments};
+use crate::expand::at;
 
 /// Longest consumer name, in bytes: the width of the inbox's `consumer` column.
 const CONSUMER_MAX_BYTES: usize = 200;
@@ -157,7 +158,11 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     if let Some(variadic) = &signature.variadic {
         errors.spanned(variadic, "`#[idempotent]` handlers cannot be variadic");
     }
-    let result = result_types(&signature.output, &mut errors);
+    let result = result_types(
+        &signature.output,
+        krate.as_ref().unwrap_or(&parse_quote!(::diesel_inbox)),
+        &mut errors,
+    );
     let conn = connection_parameter(conn, function, &mut errors);
     if let Some(conn) = &conn {
         connection_lifetime_unnamed(conn, function, &mut errors);
@@ -292,39 +297,56 @@ fn returns_boxed_future(output: &ReturnType) -> bool {
         if path.path.segments.last().is_some_and(|last| last.ident == "Pin"))
 }
 
-/// `T` and `E` from a `-> Result<T, E>` return type.
-fn result_types(output: &ReturnType, errors: &mut Errors) -> Option<(Type, Type)> {
-    let message =
-        "`#[idempotent]` handlers return `Result<T, E>` with `E: From<diesel::result::Error>`";
+/// `T` and `E` of the return type: as written in `Result<T, E>`, else, for an alias
+/// named like one (`diesel::QueryResult<T>`, `anyhow::Result<T>`, `io::Result<T>`),
+/// through the runtime's `HandlerResult`, which reports an alias that is no `Result` at
+/// the return type. Other paths, such as `Option<T>`, are rejected here, where the
+/// message can be precise.
+fn result_types(output: &ReturnType, krate: &Path, errors: &mut Errors) -> Option<(Type, Type)> {
+    let message = "`#[idempotent]` handlers return `Result<T, E>` with \
+                   `E: From<diesel::result::Error>`, or an alias of it whose name ends in \
+                   `Result`, such as `diesel::QueryResult<T>`";
     let ReturnType::Type(_, ty) = output else {
         errors.push(syn::Error::new(output.span(), message));
         return None;
     };
-    let found = match ungroup(ty) {
-        Type::Path(path) if path.qself.is_none() => path.path.segments.last().and_then(|last| {
-            let PathArguments::AngleBracketed(generics) = &last.arguments else {
-                return None;
-            };
-            let mut types = generics.args.iter().filter_map(|arg| match arg {
-                GenericArgument::Type(ty) => Some(ty.clone()),
-                _ => None,
-            });
-            match (
-                last.ident == "Result",
-                types.next(),
-                types.next(),
-                types.next(),
-            ) {
-                (true, Some(ok), Some(err), None) => Some((ok, err)),
-                _ => None,
-            }
-        }),
+    let last = match ungroup(ty) {
+        Type::Path(path) if path.qself.is_none() => path.path.segments.last(),
         _ => None,
     };
-    if found.is_none() {
+    let Some(last) = last.filter(|last| last.ident.to_string().ends_with("Result")) else {
         errors.spanned(ty, message);
+        return None;
+    };
+    if let Some(written) = written_result(last) {
+        return Some(written);
     }
-    found
+    let krate = at(krate, ty.span());
+    let project = |item: &str| -> Type {
+        let item = Ident::new(item, ty.span());
+        parse_quote_spanned!(ty.span()=> <#ty as #krate::__private::HandlerResult>::#item)
+    };
+    Some((project("Ok"), project("Err")))
+}
+
+/// `T` and `E` of `Result<T, E>` as written.
+fn written_result(last: &PathSegment) -> Option<(Type, Type)> {
+    let PathArguments::AngleBracketed(generics) = &last.arguments else {
+        return None;
+    };
+    let mut types = generics.args.iter().filter_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty.clone()),
+        _ => None,
+    });
+    match (
+        last.ident == "Result",
+        types.next(),
+        types.next(),
+        types.next(),
+    ) {
+        (true, Some(ok), Some(err), None) => Some((ok, err)),
+        _ => None,
+    }
 }
 
 /// The parameter named by `conn = …`, else the one named `conn`, else the only `&mut`

@@ -26,4 +26,6 @@ pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
-pub use transaction::{ConnectionParameter, Handler, HandlerError, fake_return, run};
+pub use transaction::{
+    ConnectionParameter, Handler, HandlerError, HandlerResult, fake_return, run,
+};

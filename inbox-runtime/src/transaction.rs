@@ -85,6 +85,27 @@ impl<'c, C: ?Sized> ConnectionParameter<'c> for &'c mut C {
     }
 }
 
+/// The return type of an `#[idempotent]` handler, as written: `Result<T, E>` or an alias
+/// of it, such as `diesel::QueryResult<T>` or `anyhow::Result<T>`. The attribute reads
+/// `T` and `E` of an alias through this trait, since it sees only the alias's tokens.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` handlers return a `Result`, not `{Self}`",
+    label = "not a `Result`",
+    note = "the handler returns `Result<Outcome<T>, E>` for a declared `Result<T, E>`, with \
+            `E: From<diesel::result::Error>`"
+)]
+pub trait HandlerResult {
+    /// `T` of `Result<T, E>`.
+    type Ok;
+    /// `E` of `Result<T, E>`.
+    type Err;
+}
+
+impl<T, E> HandlerResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
+
 /// Why a call ended without committing.
 enum Stop<E> {
     Duplicate,
