@@ -77,7 +77,7 @@ pub use inbox_runtime::{
 #[doc(hidden)]
 pub mod __private {
     pub use inbox_runtime::{
-        ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, encode_key,
-        fake_return, inventory, run,
+        ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, fake_return,
+        inventory, run,
     };
 }

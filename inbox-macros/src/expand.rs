@@ -46,10 +46,10 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
-    // `InboxKey` is reported there.
+    // `InboxKey` is reported there, as a bound of the public trait itself.
     let encode = {
         let krate = at(&krate, key.span());
-        quote_spanned!(key.span()=> #krate::__private::encode_key(&(#key)))
+        quote_spanned!(key.span()=> #krate::InboxKey::encode(&(#key)))
     };
     // Spanned at the error type, so that an error type without the conversion is
     // reported at the handler's signature.

@@ -98,7 +98,7 @@ use quote::ToTokens;
 ///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
 ///
 ///     // The key and the fast-path choice are evaluated first, so both may use `conn`.
-///     let message_id = diesel_inbox::__private::encode_key(&(msg.message_id));
+///     let message_id = diesel_inbox::InboxKey::encode(&(msg.message_id));
 ///     let fast_path = diesel_inbox::__private::FastPath::Adaptive;
 ///     diesel_inbox::__private::run(
 ///         // Takes the `&mut` borrow; a connection taken by value is reported here.

@@ -5,7 +5,7 @@ use diesel_async::AsyncConnection;
 use diesel_async::TransactionManager;
 
 use crate::backend::InboxBackend;
-use crate::backend::sealed::{Backend as _, Marker};
+use crate::backend::sealed::{Marker, Sealed as _};
 use crate::fast_path::{DuplicateShare, FastPath};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
