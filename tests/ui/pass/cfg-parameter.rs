@@ -18,8 +18,8 @@ async fn scratch(
 
 #[idempotent(consumer = "cfg-backend", key = id)]
 async fn per_backend(
-    #[cfg(all())] db: &mut AsyncPgConnection,
-    #[cfg(any())] db: &mut diesel_async::AsyncMysqlConnection,
+    #[cfg(target_pointer_width = "64")] db: &mut AsyncPgConnection,
+    #[cfg(not(target_pointer_width = "64"))] db: &mut diesel_async::AsyncMysqlConnection,
     id: u64,
 ) -> Result<(), Error> {
     let _ = db;

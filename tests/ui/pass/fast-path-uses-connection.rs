@@ -8,7 +8,7 @@ use diesel_inbox::idempotent;
 
 async fn is_redelivery(conn: &mut AsyncPgConnection, id: u64) -> bool {
     let _ = conn;
-    id % 2 == 0
+    std::future::ready(id.is_multiple_of(2)).await
 }
 
 fn key_of(conn: &AsyncPgConnection, id: u64) -> u64 {
