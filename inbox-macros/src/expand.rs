@@ -13,7 +13,7 @@ use syn::{
     parse_quote_spanned,
 };
 
-use crate::validate::{Handler, ungroup};
+use crate::validate::{Handler, at, ungroup};
 
 pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let Handler {
@@ -87,15 +87,15 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let run = {
         let krate = at(&krate, conn.span());
         quote_spanned!(conn.span()=>
-        #krate::__private::run(
-            #krate::__private::ConnectionParameter::borrow(#conn),
-            &#registration,
-            #message_id,
-            #fast_path_value,
-            #into_error,
-            #closure,
-        )
-        .await
+            #krate::__private::run(
+                #krate::__private::ConnectionParameter::borrow(#conn),
+                &#registration,
+                #message_id,
+                #fast_path_value,
+                #into_error,
+                #closure,
+            )
+            .await
         )
     };
     function.block = parse_quote!({
@@ -130,21 +130,9 @@ fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]>
     })
 }
 
-/// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
-/// spans, and an error in a call is reported where the path of the called function is.
-pub(crate) fn at(krate: &syn::Path, span: Span) -> TokenStream {
-    quote!(#krate)
-        .into_iter()
-        .map(|mut token| {
-            token.set_span(span);
-            token
-        })
-        .collect()
-}
-
-/// The handler's return type as the closure declares it: each `impl Trait` becomes `_`,
-/// which a closure may leave to inference (an `impl Trait` there is an error about
-/// closures the user never wrote), while the handler's signature keeps the opaque type.
+/// The `Result<T, E>` the closure declares: each `impl Trait` in it becomes `_`, which a
+/// closure may leave to inference (an `impl Trait` there is an error about closures the
+/// user never wrote), while the handler's signature keeps the opaque type.
 fn closure_result(result: &Type) -> Type {
     struct Infer;
     impl VisitMut for Infer {

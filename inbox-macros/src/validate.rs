@@ -1,7 +1,7 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
-use proc_macro2::{Punct, TokenStream, TokenTree};
-use quote::ToTokens;
+use proc_macro2::{Punct, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote};
 use syn::spanned::Spanned;
 use syn::{
     Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
@@ -9,7 +9,6 @@ use syn::{
 };
 
 use crate::args::{ARGUMENTS, Arguments};
-use crate::expand::at;
 
 /// Longest consumer name, in bytes: the width of the inbox's `consumer` column.
 const CONSUMER_MAX_BYTES: usize = 200;
@@ -123,7 +122,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     });
 
     let krate = match krate {
-        None => Some(parse_quote!(::diesel_inbox)),
+        None => Some(default_crate()),
         Some(value) => crate_path(&value, &mut errors),
     };
 
@@ -160,7 +159,8 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     }
     let result = result_types(
         &signature.output,
-        krate.as_ref().unwrap_or(&parse_quote!(::diesel_inbox)),
+        // An invalid `crate` is already reported; the alias projections need some path.
+        krate.as_ref().unwrap_or(&default_crate()),
         &mut errors,
     );
     let conn = connection_parameter(conn, function, &mut errors);
@@ -226,6 +226,11 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
         return Some(lit.clone());
     }
     None
+}
+
+/// Where diesel-inbox is without `crate = …`.
+fn default_crate() -> Path {
+    parse_quote!(::diesel_inbox)
 }
 
 /// `crate = path`, or serde's and tokio's string form `crate = "path"`: where a renamed
@@ -475,6 +480,18 @@ fn find_lifetime(tokens: TokenStream, name: &Ident) -> Option<TokenStream> {
         }
     }
     None
+}
+
+/// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
+/// spans, and an error in a call is reported where the path of the called function is.
+pub(crate) fn at(krate: &Path, span: Span) -> TokenStream {
+    quote!(#krate)
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 /// `expr` without the invisible groups that `macro_rules!` fragments (`$c:literal`,
