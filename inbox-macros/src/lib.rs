@@ -162,7 +162,7 @@ use quote::ToTokens;
 /// applied twice (at the second); a function that is not `async`, or is `const`,
 /// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>` nor an alias
 /// named `…Result`, or such an alias that is no `Result` (as rustc's "handlers return a
-/// `Result`, not …"); a missing,
+/// `Result`, not …") or has an `impl Trait` inside; a missing,
 /// duplicate or unknown argument (with the closest valid name suggested); a `crate` that
 /// is not a path; a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate

@@ -326,12 +326,30 @@ fn result_types(output: &ReturnType, krate: &Path, errors: &mut Errors) -> Optio
     if let Some(written) = written_result(last) {
         return Some(written);
     }
+    if let Some(opaque) = find_impl(ty.to_token_stream()) {
+        errors.spanned(
+            opaque,
+            "`impl Trait` cannot be read through a `Result` alias; spell the return type \
+             out, such as `Result<impl Display, anyhow::Error>`",
+        );
+        return None;
+    }
     let krate = at(krate, ty.span());
     let project = |item: &str| -> Type {
         let item = Ident::new(item, ty.span());
         parse_quote_spanned!(ty.span()=> <#ty as #krate::__private::HandlerResult>::#item)
     };
     Some((project("Ok"), project("Err")))
+}
+
+/// The first `impl` keyword in `tokens`: the projection `<Alias<impl Trait> as …>::Ok`
+/// would be an `impl Trait` in a path, which rustc rejects without a word about why.
+fn find_impl(tokens: TokenStream) -> Option<Ident> {
+    tokens.into_iter().find_map(|token| match token {
+        TokenTree::Ident(ident) if ident == "impl" => Some(ident),
+        TokenTree::Group(group) => find_impl(group.stream()),
+        _ => None,
+    })
 }
 
 /// `T` and `E` of `Result<T, E>` as written.
