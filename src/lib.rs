@@ -79,5 +79,8 @@ pub use inbox_runtime::{RetryPolicy, retry};
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use inbox_runtime::{FastPath, Handler, HandlerError, encode_key, inventory, run};
+    pub use inbox_runtime::{
+        ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, fake_return,
+        inventory, run,
+    };
 }

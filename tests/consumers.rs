@@ -25,6 +25,27 @@ where
     Ok(())
 }
 
+#[expect(
+    dead_code,
+    reason = "a handler is registered without ever being called"
+)]
+struct Ledger;
+
+impl Ledger {
+    #[idempotent(consumer = "ledger", key = id)]
+    async fn post<C>(&self, conn: &mut C, id: u64) -> Result<(), Error>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+    {
+        let _ = conn;
+        Ok(())
+    }
+}
+
+/// The line of `Ledger::post`.
+const POST_LINE: u32 = line!() - 11;
+
 #[test]
 fn every_linked_handler_is_registered() {
     let mut handlers: Vec<_> = registered_handlers()
@@ -37,6 +58,10 @@ fn every_linked_handler_is_registered() {
             ("audit", "consumers::audit"),
             ("credit", "consumers::credit"),
             ("credit", "inbox_test_refunds::refund"),
+            (
+                "ledger",
+                &*format!("consumers::post (method at tests/consumers.rs:{POST_LINE})")
+            ),
         ]
     );
 }

@@ -7,9 +7,13 @@ use std::collections::HashSet;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote};
+use syn::visit_mut::{self, VisitMut};
+use syn::{
+    FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote,
+    parse_quote_spanned,
+};
 
-use crate::validate::{Handler, ungroup};
+use crate::validate::{Handler, at, ungroup};
 
 pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let Handler {
@@ -19,72 +23,148 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         fast_path,
         ok,
         err,
+        krate,
     } = handler;
     let ReturnType::Type(_, result) = &function.sig.output else {
-        unreachable!("validation accepted only `-> Result<T, E>`")
+        unreachable!("validation accepted only a return type")
     };
-    let result = result.clone();
+    let result_span = result.span();
     let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
+    let conn_mut = take_connection_mut(&mut function.sig, &conn);
     let body = &function.block;
+    // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
+    // alias that is none is then reported once, at the return type.
+    let closure_result =
+        closure_result(&parse_quote_spanned!(result_span=> ::core::result::Result<#ok, #err>));
+    let fake_return = fake_return(&at(&krate, result_span), &closure_result);
     // Not `move`: the parameters stay in the handler's frame, so the body's writes land
     // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
     // plain `async fn` (coroutines drop what they own when they complete, which for the
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
-    let closure = quote!(async |#conn| -> #result { #(#borrows)* #body });
+    let closure =
+        quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
-    // `InboxKey` is reported there.
-    let encode = quote_spanned!(key.span()=> ::diesel_inbox::__private::encode_key(&(#key)));
+    // `InboxKey` is reported there, as a bound of the public trait itself.
+    let encode = {
+        let krate = at(&krate, key.span());
+        quote_spanned!(key.span()=> #krate::InboxKey::encode(&(#key)))
+    };
     // Spanned at the error type, so that an error type without the conversion is
     // reported at the handler's signature.
-    let into_error = quote_spanned!(err.span()=>
-        <#err as ::diesel_inbox::__private::HandlerError>::from_diesel
-    );
-    // Evaluated before the transaction, like the key.
+    let into_error = {
+        let krate = at(&krate, err.span());
+        quote_spanned!(err.span()=> <#err as #krate::__private::HandlerError>::from_diesel)
+    };
+    // Evaluated before the transaction, like the key, and before `run` borrows the
+    // connection, so that it can use the connection too.
+    let fast_path_value = format_ident!("__inbox_fast_path", span = Span::mixed_site());
     let fast_path = match fast_path {
-        None => quote!(::diesel_inbox::__private::FastPath::Adaptive),
+        None => quote!(#krate::__private::FastPath::Adaptive),
         Some(when) => {
-            quote_spanned!(when.span()=> ::diesel_inbox::__private::FastPath::when(#when))
+            let krate = at(&krate, when.span());
+            quote_spanned!(when.span()=> #krate::__private::FastPath::when(#when))
         }
     };
     let claim = consumer_claim(&consumer);
-    let not_in_trait_default = has_self(&function.sig).then(|| not_in_trait_default(&consumer));
+    let method = has_self(&function.sig);
+    let not_in_trait_default = method.then(|| not_in_trait_default(&consumer));
     let handler = function.sig.ident.to_string();
+    // A method's type is out of the attribute's sight (and `Self` out of a static's), so
+    // its place tells it from a namesake on another type of the module.
+    let place = method.then(|| {
+        let line = quote_spanned!(function.sig.ident.span()=> ::core::line!());
+        quote!(" (method at ", ::core::file!(), ":", #line, ")")
+    });
     let registration = format_ident!("__INBOX_HANDLER", span = Span::mixed_site());
-    let registered = quote!(::diesel_inbox::RegisteredHandler::new(
+    let registered = quote!(#krate::RegisteredHandler::new(
         #consumer,
-        ::core::concat!(::core::module_path!(), "::", #handler),
+        ::core::concat!(::core::module_path!(), "::", #handler, #place),
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let run = quote_spanned!(conn.span()=>
-        ::diesel_inbox::__private::run(
-            #conn,
-            &#registration,
-            #message_id,
-            #fast_path,
-            #into_error,
-            #closure,
+    let run = {
+        let krate = at(&krate, conn.span());
+        quote_spanned!(conn.span()=>
+            #krate::__private::run(
+                #krate::__private::ConnectionParameter::borrow(#conn),
+                &#registration,
+                #message_id,
+                #fast_path_value,
+                #into_error,
+                #closure,
+            )
+            .await
         )
-        .await
-    );
+    };
     function.block = parse_quote!({
         #claim
         #not_in_trait_default
         // `run` reads the consumer through this static's address: calling the handler
         // then links the object holding its registration, even when a generic handler
         // is instantiated in another crate.
-        static #registration: ::diesel_inbox::__private::Handler =
-            ::diesel_inbox::__private::Handler::new(#registered);
-        ::diesel_inbox::__private::inventory::submit! { #registered }
+        static #registration: #krate::__private::Handler =
+            #krate::__private::Handler::new(#registered);
+        #krate::__private::inventory::submit! { #registered }
         let #message_id = #encode;
+        let #fast_path_value = #fast_path;
         #run
     });
     function.sig.output = parse_quote!(
-        -> ::core::result::Result<::diesel_inbox::Outcome<#ok>, #err>
+        -> ::core::result::Result<#krate::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// Moves a `mut` from the connection parameter to the closure's parameter, which is
+/// the binding the body reassigns; left on the handler's parameter, it would be unused
+/// there and rustc would suggest `mut mut conn`.
+fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]> {
+    sig.inputs.iter_mut().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_mut() {
+            Pat::Ident(pat) if pat.ident == *conn => pat.mutability.take(),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// The `Result<T, E>` the closure declares: each `impl Trait` in it becomes `_`, which a
+/// closure may leave to inference (an `impl Trait` there is an error about closures the
+/// user never wrote), while the handler's signature keeps the opaque type.
+fn closure_result(result: &Type) -> Type {
+    struct Infer;
+    impl VisitMut for Infer {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(opaque) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: Token![_](opaque.impl_token.span),
+                });
+            } else {
+                visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    let mut result = result.clone();
+    Infer.visit_type_mut(&mut result);
+    result
+}
+
+/// A return of the declared type ahead of the body, never taken: tracing-attributes'
+/// "fake return edge". An async closure's declared return type does not reach the
+/// expressions of its body, so without it `Ok(Box::new(id))` for a
+/// `Result<Box<dyn Display>, E>` is not coerced and fails as "mismatched types"; with
+/// it the body is checked against the declared type, as a plain `async fn`'s body is,
+/// and a wrong type is reported at the user's expression. Unlike tracing's
+/// `loop {}`, a call returning the type needs no `allow(unreachable_code)`, which a
+/// user's `forbid` would reject.
+fn fake_return(krate: &TokenStream, result: &Type) -> TokenStream {
+    quote_spanned!(result.span()=>
+        if false {
+            return #krate::__private::fake_return::<#result>();
+        }
+    )
 }
 
 /// A crate-root macro named after the consumer. A second handler with the same consumer
@@ -304,7 +384,30 @@ fn not_in_trait_default(consumer: &LitStr) -> TokenStream {
 
 #[cfg(test)]
 mod tests {
-    use super::encode_consumer;
+    use super::{encode_consumer, expand};
+    use crate::validate::validate;
+
+    /// A renamed dependency has no `::diesel_inbox` to fall back on: every path the
+    /// expansion writes must go through `crate = …`.
+    #[test]
+    fn crate_path_replaces_every_path() {
+        let args = syn::parse_str("consumer = \"c\", key = id, crate = ::inbox").unwrap();
+        let function = syn::parse_quote! {
+            async fn handle(&self, conn: &mut C, id: u64) -> Result<u64, E> { Ok(id) }
+        };
+        let handler =
+            validate(args, &function).unwrap_or_else(|rejected| panic!("{}", rejected.error));
+        let expanded = expand(handler, function).to_string();
+        let unrouted = expanded
+            .replace("diesel_inbox_consumer_used_twice__", "")
+            .matches("diesel_inbox")
+            .count();
+        assert_eq!(unrouted, 0, "{expanded}");
+        assert!(
+            expanded.contains(":: inbox :: __private :: run"),
+            "{expanded}"
+        );
+    }
 
     #[test]
     fn consumers_encode_readably() {

@@ -18,7 +18,9 @@ use quote::ToTokens;
 ///
 /// The handler's body runs in one database transaction together with the insert of a
 /// marker row (`message_id`, `consumer`) into the inbox table. The handler, declared as
-/// returning `Result<T, E>`, then returns `Result<diesel_inbox::Outcome<T>, E>`:
+/// returning `Result<T, E>` or an alias of it whose name ends in `Result` (such as
+/// `diesel::QueryResult<T>` or `anyhow::Result<T>`), then returns
+/// `Result<diesel_inbox::Outcome<T>, E>`:
 ///
 /// - `Ok(Outcome::Processed(value))`: the body's writes and the marker committed;
 /// - `Ok(Outcome::Duplicate)`: this message was already processed by this consumer, and
@@ -35,15 +37,25 @@ use quote::ToTokens;
 /// - `key = <expr>` (required): identifies the message, for example `msg.message_id` or
 ///   `(msg.topic.as_str(), msg.partition, msg.offset)`. Evaluated before the body; its
 ///   type implements `diesel_inbox::InboxKey`.
-/// - `conn = <parameter>`: the connection parameter. By default the parameter named
-///   `conn`, else the only `&mut` parameter.
+/// - `conn = <parameter>`: the connection parameter, a `&mut` borrow. By default the
+///   parameter named `conn`, else the only `&mut` parameter (one under `#[cfg]` counts
+///   only if every `&mut` parameter is under one). The body cannot name the lifetime of
+///   its borrow (`&'c mut`): it runs on a shorter borrow, the transaction's.
 /// - `fast_path = <bool expression>`: whether to look for a committed marker before
 ///   opening a transaction, so that a redelivery costs one indexed read instead of a
-///   transaction while a new message pays that read for nothing. Evaluated before the
-///   body, so `fast_path = delivery.redelivered` reads only for deliveries the broker
-///   flags as redelivered. By default the handler reads first while a quarter or more of
-///   its recent deliveries were duplicates: never during a stream of new messages,
-///   always during a replay. Correctness never depends on it.
+///   transaction while a new message pays that read for nothing. Evaluated after the key
+///   and before the transaction, so it may use the connection
+///   (`fast_path = is_redelivery(conn, id).await`), and `fast_path = delivery.redelivered`
+///   reads only for deliveries the broker flags as redelivered. By default the handler
+///   reads first while a quarter or more of its recent deliveries were duplicates: never
+///   during a stream of new messages, always during a replay. Correctness never depends
+///   on it.
+/// - `crate = <path>`: where the generated code finds diesel-inbox, by default
+///   `::diesel_inbox`. For a renamed dependency
+///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
+///   that re-exports diesel-inbox, the path of the re-export, such as
+///   `crate = my_facade::inbox`. serde's and tokio's string form, `crate = "::inbox"`,
+///   is accepted too. Every path of the expansion goes through it.
 ///
 /// # Examples
 ///
@@ -60,7 +72,7 @@ use quote::ToTokens;
 ///
 /// # Expansion
 ///
-/// The example above becomes, in effect:
+/// The example above becomes, in effect (each `diesel_inbox` is the `crate = …` path):
 ///
 /// ```ignore
 /// async fn credit(
@@ -80,21 +92,36 @@ use quote::ToTokens;
 ///     // names shared across crates at start-up.
 ///     // Also holds the recent outcomes the adaptive fast path goes by.
 ///     static HANDLER: diesel_inbox::__private::Handler = diesel_inbox::__private::Handler::new(
+///         // A method adds its place: "my_service::credit (method at src/lib.rs:12)".
 ///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit"),
 ///     );
 ///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
 ///
-///     let message_id = diesel_inbox::__private::encode_key(&(msg.message_id));
+///     // The key and the fast-path choice are evaluated first, so both may use `conn`.
+///     let message_id = diesel_inbox::InboxKey::encode(&(msg.message_id));
+///     let fast_path = diesel_inbox::__private::FastPath::Adaptive;
 ///     diesel_inbox::__private::run(
-///         conn,
+///         // Takes the `&mut` borrow; a connection taken by value is reported here.
+///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
 ///         &HANDLER,
 ///         message_id,
-///         diesel_inbox::__private::FastPath::Adaptive,
+///         fast_path,
 ///         // How the inbox's own database errors become the handler's error type.
 ///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
 ///         // Not `move`: the parameters stay the handler's. `conn` here is the
-///         // transaction's connection, shadowing the parameter.
+///         // transaction's connection, shadowing the parameter; a `mut` written on the
+///         // parameter moves here, to the binding the body can reassign.
 ///         async |conn| -> Result<(), AppError> {
+///             // Never taken: makes rustc check the body against the declared return
+///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
+///             // object apply as in a plain `async fn`. An `impl Trait` in the return
+///             // type is `_` in these two places. For an alias such as
+///             // `diesel::QueryResult<()>`, `T` and `E` here and in the signature are
+///             // `<diesel::QueryResult<()> as diesel_inbox::__private::HandlerResult>::Ok`
+///             // and `::Err`.
+///             if false {
+///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
+///             }
 ///             // Borrows each parameter the body names, whole and mutably: the closure
 ///             // then captures neither a copy of a field nor a shared reference.
 ///             let _ = &mut msg;
@@ -131,31 +158,61 @@ use quote::ToTokens;
 /// # Errors
 ///
 /// Compile errors, each placed on the offending tokens, for: an attribute on anything
-/// but a function, or applied twice (at the second); a function that is not `async`, or
-/// is `const`, `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>`;
-/// a missing, duplicate or unknown argument (with the closest valid name suggested); a
-/// consumer that is not a string literal, is empty, longer than 200 bytes, outside the
-/// character set, or already used by another handler of the crate (E0428, naming
-/// `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no parameter, or no
-/// connection parameter found, or several `&mut` candidates; a key whose type does not
-/// implement `InboxKey` (at the key); an error type without
-/// `From<diesel::result::Error>` (at the error type in the signature); a trait's default
-/// method, whose consumer every implementor would share (at the consumer; recognised by
-/// its `?Sized` `Self`, so not in a trait that requires `Self: Sized`, nor in a method
-/// that neither takes `self` nor names `Self` in its signature); a method already
-/// rewritten by `#[async_trait]`, whose boxed future the attribute cannot reach (use an
-/// inherent `async fn`, or a native `async fn` in the trait). All argument and signature
-/// mistakes are reported in one build, and the function is still emitted, so completion
-/// keeps working.
+/// but a function, on a trait's method declaration (which has no body to run), or
+/// applied twice (at the second); a function that is not `async`, or is `const`,
+/// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>` nor an alias
+/// named `…Result`, or such an alias that is no `Result` (as rustc's "handlers return a
+/// `Result`, not …") or has an `impl Trait` inside; a missing,
+/// duplicate or unknown argument (with the closest valid name suggested); a `crate` that
+/// is not a path; a consumer that is not a string literal, is empty, longer than 200
+/// bytes, outside the character set, or already used by another handler of the crate
+/// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no
+/// parameter, or no connection parameter found, or several `&mut` candidates; a
+/// connection taken by value (at the parameter); a body naming the connection's
+/// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
+/// without `From<diesel::result::Error>` (at the error type in the signature); a trait's
+/// default method, whose consumer every implementor would share (at the consumer;
+/// recognised by its `?Sized` `Self`, so not in a trait that requires `Self: Sized`, nor
+/// in a method that neither takes `self` nor names `Self` in its signature); a method
+/// already rewritten by `#[async_trait]`, whose boxed future the attribute cannot reach
+/// (use an inherent `async fn`, or a native `async fn` in the trait). All argument and
+/// signature mistakes are reported in one build, and the function is still emitted, so
+/// completion keeps working, without "unused variable" warnings for parameters only the
+/// arguments use.
+///
+/// The body is the body of an async closure, so rustc says "async closure" where it
+/// would say "async fn", as in "the `?` operator can only be used on `Result`s, not
+/// `Option`s, in an async closure that returns `Result`".
+///
+/// # Lints
+///
+/// The consumer's claim is a `#[macro_export]` macro inside the handler, under
+/// `#[allow(non_local_definitions)]`: only a crate-root name makes a second use of the
+/// consumer a `cargo check` error, and the attribute cannot tell a free function, where
+/// the claim could stand beside it, from an associated function, where it could not. A
+/// crate with `#![forbid(non_local_definitions)]` therefore gets E0453 at each consumer,
+/// and one with `#![forbid(warnings)]` a future-incompatibility warning (as for the
+/// `allow` inside `inventory::submit!`, which registers the handler); use `deny`, which
+/// an `allow` can override, instead.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
         Ok(function) => function,
         Err(_) => {
-            let error = syn::Error::new_spanned(
-                proc_macro2::TokenStream::from(item.clone()),
-                "`#[idempotent]` goes on an `async fn` handler",
-            );
+            let error = match syn::parse::<syn::TraitItemFn>(item.clone()) {
+                // A declaration has no body to run in the transaction, and a default
+                // body would give every implementor the same consumer.
+                Ok(declaration) if declaration.default.is_none() => syn::Error::new_spanned(
+                    &declaration.sig,
+                    "`#[idempotent]` needs the handler's body: put it on each implementor's \
+                     `async fn`, each with a consumer of its own, not on the trait's \
+                     declaration",
+                ),
+                _ => syn::Error::new_spanned(
+                    proc_macro2::TokenStream::from(item.clone()),
+                    "`#[idempotent]` goes on an `async fn` handler",
+                ),
+            };
             let mut output = error.into_compile_error();
             output.extend(proc_macro2::TokenStream::from(item));
             return output.into();
@@ -164,8 +221,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     // Reported, and removed so that the handler is rewritten once: a second rewrite
     // would nest its transaction inside the first one's and register a second consumer.
     let repeated = validate::repeated_attribute(&mut function.attrs);
-    let handler =
-        syn::parse::<args::Arguments>(args).and_then(|args| validate::validate(args, &function));
+    let handler = match syn::parse::<args::Arguments>(args) {
+        Ok(args) => validate::validate(args, &function),
+        Err(error) => Err(validate::Rejected {
+            error,
+            uses: Vec::new(),
+        }),
+    };
     match (handler, repeated) {
         (Ok(handler), None) => expand::expand(handler, function).into(),
         (Ok(handler), Some(error)) => {
@@ -175,12 +237,18 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
         // The function is kept so that completion still works on it, without the
         // qualifiers already reported, which would only add rustc's own errors.
-        (Err(mut error), repeated) => {
+        (Err(validate::Rejected { mut error, uses }), repeated) => {
             if let Some(repeated) = repeated {
                 error.combine(repeated);
             }
             function.sig.constness = None;
             function.sig.variadic = None;
+            if !uses.is_empty() {
+                function
+                    .block
+                    .stmts
+                    .insert(0, syn::parse_quote!(if false { let _ = (#(&(#uses),)*); }));
+            }
             let mut output = error.into_compile_error();
             function.to_tokens(&mut output);
             output.into()

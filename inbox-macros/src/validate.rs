@@ -1,9 +1,11 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
+use proc_macro2::{Punct, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote};
 use syn::spanned::Spanned;
 use syn::{
-    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat,
-    PathArguments, ReturnType, Type,
+    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
+    PathArguments, PathSegment, ReturnType, Type, parse_quote, parse_quote_spanned,
 };
 
 use crate::args::{ARGUMENTS, Arguments};
@@ -21,6 +23,17 @@ pub(crate) struct Handler {
     /// `T` and `E` of the handler's `Result<T, E>`.
     pub(crate) ok: Type,
     pub(crate) err: Type,
+    /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
+    pub(crate) krate: Path,
+}
+
+/// A handler that failed a check: the errors, and the argument expressions that would
+/// have used its parameters.
+pub(crate) struct Rejected {
+    pub(crate) error: syn::Error,
+    /// `key` and `fast_path` as given. The re-emitted function names them, so that a
+    /// parameter only they use is not reported unused on top of the real mistake.
+    pub(crate) uses: Vec<Expr>,
 }
 
 /// Collects errors so that one build reports all of them.
@@ -62,7 +75,7 @@ pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Erro
     errors.0
 }
 
-pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, syn::Error> {
+pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
     let mut errors = Errors::default();
     let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
     // An argument suggested for a misspelt one is not reported missing as well.
@@ -81,7 +94,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
             }
         }
     }
-    let [consumer, key, conn, fast_path] = given;
+    let [consumer, key, conn, fast_path, krate] = given;
 
     let consumer = match consumer {
         Some(value) => consumer_name(&value, &mut errors),
@@ -108,6 +121,11 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
         }
     });
 
+    let krate = match krate {
+        None => Some(default_crate()),
+        Some(value) => crate_path(&value, &mut errors),
+    };
+
     let signature = &function.sig;
     if signature.asyncness.is_none() && returns_boxed_future(&signature.output) {
         errors.spanned(
@@ -116,7 +134,10 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
              into a boxed future; put `#[idempotent]` on an inherent `async fn` and call it \
              from the trait method, or use a native `async fn` in the trait",
         );
-        return Err(errors.0.expect("just recorded"));
+        return Err(Rejected {
+            error: errors.0.expect("just recorded"),
+            uses: key.into_iter().chain(fast_path).collect(),
+        });
     }
     if signature.asyncness.is_none() {
         errors.spanned(
@@ -136,19 +157,33 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, sy
     if let Some(variadic) = &signature.variadic {
         errors.spanned(variadic, "`#[idempotent]` handlers cannot be variadic");
     }
-    let result = result_types(&signature.output, &mut errors);
+    let result = result_types(
+        &signature.output,
+        // An invalid `crate` is already reported; the alias projections need some path.
+        krate.as_ref().unwrap_or(&default_crate()),
+        &mut errors,
+    );
     let conn = connection_parameter(conn, function, &mut errors);
+    if let Some(conn) = &conn {
+        connection_lifetime_unnamed(conn, function, &mut errors);
+    }
 
-    match (errors.0, consumer, key, conn, result) {
-        (None, Some(consumer), Some(key), Some(conn), Some((ok, err))) => Ok(Handler {
-            consumer,
-            key,
-            conn,
-            fast_path,
-            ok,
-            err,
+    match (errors.0, consumer, key, conn, result, krate) {
+        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
+            Ok(Handler {
+                consumer,
+                key,
+                conn,
+                fast_path,
+                ok,
+                err,
+                krate,
+            })
+        }
+        (Some(error), _, key, ..) => Err(Rejected {
+            error,
+            uses: key.into_iter().chain(fast_path).collect(),
         }),
-        (Some(error), ..) => Err(error),
         _ => unreachable!("every missing piece records an error"),
     }
 }
@@ -191,6 +226,37 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
         return Some(lit.clone());
     }
     None
+}
+
+/// Where diesel-inbox is without `crate = …`.
+fn default_crate() -> Path {
+    parse_quote!(::diesel_inbox)
+}
+
+/// `crate = path`, or serde's and tokio's string form `crate = "path"`: where a renamed
+/// dependency (`::inbox`) or a facade's re-export (`my_facade::inbox`) puts diesel-inbox.
+fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+    let message = "`crate` takes the path diesel-inbox is reachable at, such as \
+                   `crate = ::inbox` for a renamed dependency or `crate = my_facade::inbox` \
+                   for a re-export";
+    match ungroup_expr(value) {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
+            Some(path.path.clone())
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => match lit.parse::<Path>() {
+            Ok(path) => Some(path),
+            Err(_) => {
+                errors.spanned(lit, message);
+                None
+            }
+        },
+        other => {
+            errors.spanned(other, message);
+            None
+        }
+    }
 }
 
 /// The valid argument a misspelt one most likely meant, if any is close.
@@ -236,43 +302,79 @@ fn returns_boxed_future(output: &ReturnType) -> bool {
         if path.path.segments.last().is_some_and(|last| last.ident == "Pin"))
 }
 
-/// `T` and `E` from a `-> Result<T, E>` return type.
-fn result_types(output: &ReturnType, errors: &mut Errors) -> Option<(Type, Type)> {
-    let message =
-        "`#[idempotent]` handlers return `Result<T, E>` with `E: From<diesel::result::Error>`";
+/// `T` and `E` of the return type: as written in `Result<T, E>`, else, for an alias
+/// named like one (`diesel::QueryResult<T>`, `anyhow::Result<T>`, `io::Result<T>`),
+/// through the runtime's `HandlerResult`, which reports an alias that is no `Result` at
+/// the return type. Other paths, such as `Option<T>`, are rejected here, where the
+/// message can be precise.
+fn result_types(output: &ReturnType, krate: &Path, errors: &mut Errors) -> Option<(Type, Type)> {
+    let message = "`#[idempotent]` handlers return `Result<T, E>` with \
+                   `E: From<diesel::result::Error>`, or an alias of it whose name ends in \
+                   `Result`, such as `diesel::QueryResult<T>`";
     let ReturnType::Type(_, ty) = output else {
         errors.push(syn::Error::new(output.span(), message));
         return None;
     };
-    let found = match ungroup(ty) {
-        Type::Path(path) if path.qself.is_none() => path.path.segments.last().and_then(|last| {
-            let PathArguments::AngleBracketed(generics) = &last.arguments else {
-                return None;
-            };
-            let mut types = generics.args.iter().filter_map(|arg| match arg {
-                GenericArgument::Type(ty) => Some(ty.clone()),
-                _ => None,
-            });
-            match (
-                last.ident == "Result",
-                types.next(),
-                types.next(),
-                types.next(),
-            ) {
-                (true, Some(ok), Some(err), None) => Some((ok, err)),
-                _ => None,
-            }
-        }),
+    let last = match ungroup(ty) {
+        Type::Path(path) if path.qself.is_none() => path.path.segments.last(),
         _ => None,
     };
-    if found.is_none() {
+    let Some(last) = last.filter(|last| last.ident.to_string().ends_with("Result")) else {
         errors.spanned(ty, message);
+        return None;
+    };
+    if let Some(written) = written_result(last) {
+        return Some(written);
     }
-    found
+    if let Some(opaque) = find_impl(ty.to_token_stream()) {
+        errors.spanned(
+            opaque,
+            "`impl Trait` cannot be read through a `Result` alias; spell the return type \
+             out, such as `Result<impl Display, anyhow::Error>`",
+        );
+        return None;
+    }
+    let krate = at(krate, ty.span());
+    let project = |item: &str| -> Type {
+        let item = Ident::new(item, ty.span());
+        parse_quote_spanned!(ty.span()=> <#ty as #krate::__private::HandlerResult>::#item)
+    };
+    Some((project("Ok"), project("Err")))
+}
+
+/// The first `impl` keyword in `tokens`: the projection `<Alias<impl Trait> as …>::Ok`
+/// would be an `impl Trait` in a path, which rustc rejects without a word about why.
+fn find_impl(tokens: TokenStream) -> Option<Ident> {
+    tokens.into_iter().find_map(|token| match token {
+        TokenTree::Ident(ident) if ident == "impl" => Some(ident),
+        TokenTree::Group(group) => find_impl(group.stream()),
+        _ => None,
+    })
+}
+
+/// `T` and `E` of `Result<T, E>` as written.
+fn written_result(last: &PathSegment) -> Option<(Type, Type)> {
+    let PathArguments::AngleBracketed(generics) = &last.arguments else {
+        return None;
+    };
+    let mut types = generics.args.iter().filter_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty.clone()),
+        _ => None,
+    });
+    match (
+        last.ident == "Result",
+        types.next(),
+        types.next(),
+        types.next(),
+    ) {
+        (true, Some(ok), Some(err), None) => Some((ok, err)),
+        _ => None,
+    }
 }
 
 /// The parameter named by `conn = …`, else the one named `conn`, else the only `&mut`
-/// parameter.
+/// parameter. A `&mut` parameter under `#[cfg]` exists only in some builds, so it is not
+/// a candidate next to one that exists in all of them.
 fn connection_parameter(
     named: Option<Ident>,
     function: &ItemFn,
@@ -281,7 +383,7 @@ fn connection_parameter(
     let typed = || {
         function.sig.inputs.iter().filter_map(|input| match input {
             FnArg::Typed(typed) => match typed.pat.as_ref() {
-                Pat::Ident(pat) => Some((&pat.ident, typed.ty.as_ref())),
+                Pat::Ident(pat) => Some((&pat.ident, typed)),
                 _ => None,
             },
             FnArg::Receiver(_) => None,
@@ -300,14 +402,26 @@ fn connection_parameter(
     if let Some((ident, _)) = typed().find(|(ident, _)| *ident == "conn") {
         return Some(ident.clone());
     }
-    let mutable: Vec<&Ident> = typed()
-        .filter(
-            |(_, ty)| matches!(ungroup(ty), Type::Reference(reference) if reference.mutability.is_some()),
-        )
-        .map(|(ident, _)| ident)
+    let mutable: Vec<(&Ident, bool)> = typed()
+        .filter(|(_, typed)| {
+            matches!(ungroup(&typed.ty), Type::Reference(reference) if reference.mutability.is_some())
+        })
+        .map(|(ident, typed)| {
+            let cfg = typed.attrs.iter().any(|attr| attr.path().is_ident("cfg"));
+            (ident, cfg)
+        })
         .collect();
-    match mutable.as_slice() {
-        [only] => Some((*only).clone()),
+    let unconditional: Vec<&Ident> = mutable
+        .iter()
+        .filter(|(_, cfg)| !cfg)
+        .map(|(ident, _)| *ident)
+        .collect();
+    let candidates = if unconditional.is_empty() {
+        mutable.iter().map(|(ident, _)| *ident).collect()
+    } else {
+        unconditional
+    };
+    match candidates.as_slice() {
         [] => {
             errors.spanned(
                 &function.sig.inputs,
@@ -315,6 +429,8 @@ fn connection_parameter(
             );
             None
         }
+        // One name, under a `#[cfg]` each: the connection of each build.
+        [first, rest @ ..] if rest.iter().all(|ident| ident == first) => Some((*first).clone()),
         several => {
             let names = several
                 .iter()
@@ -328,6 +444,72 @@ fn connection_parameter(
             None
         }
     }
+}
+
+/// The body runs on the transaction's reborrow of the connection, which is shorter than
+/// the lifetime the parameter declares: a body naming that lifetime for the connection
+/// fails with "lifetime may not live long enough" at tokens the user did not write.
+fn connection_lifetime_unnamed(conn: &Ident, function: &ItemFn, errors: &mut Errors) {
+    let lifetime = function.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match (typed.pat.as_ref(), ungroup(&typed.ty)) {
+            (Pat::Ident(pat), Type::Reference(reference)) if pat.ident == *conn => {
+                reference.lifetime.clone()
+            }
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    let Some(lifetime) = lifetime.filter(|l| l.ident != "_" && l.ident != "static") else {
+        return;
+    };
+    if let Some(named) = find_lifetime(function.block.to_token_stream(), &lifetime.ident) {
+        errors.spanned(
+            named,
+            format!(
+                "the body cannot name `{lifetime}`: it runs on the transaction's borrow of \
+                 `{conn}`, which is shorter than `{lifetime}`; write `'_` or leave the \
+                 lifetime out"
+            ),
+        );
+    }
+}
+
+/// The first `'name` in `tokens`, as its two tokens.
+fn find_lifetime(tokens: TokenStream, name: &Ident) -> Option<TokenStream> {
+    let mut previous: Option<Punct> = None;
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) if ident == *name => {
+                if let Some(quote) = previous.take() {
+                    return Some(TokenStream::from_iter([
+                        TokenTree::Punct(quote),
+                        TokenTree::Ident(ident),
+                    ]));
+                }
+            }
+            TokenTree::Punct(punct) if punct.as_char() == '\'' => previous = Some(punct),
+            TokenTree::Group(group) => {
+                if let Some(found) = find_lifetime(group.stream(), name) {
+                    return Some(found);
+                }
+                previous = None;
+            }
+            _ => previous = None,
+        }
+    }
+    None
+}
+
+/// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
+/// spans, and an error in a call is reported where the path of the called function is.
+pub(crate) fn at(krate: &Path, span: Span) -> TokenStream {
+    quote!(#krate)
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 /// `expr` without the invisible groups that `macro_rules!` fragments (`$c:literal`,

@@ -42,4 +42,6 @@ pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, register
 pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
-pub use transaction::{Handler, HandlerError, run};
+pub use transaction::{
+    ConnectionParameter, Handler, HandlerError, HandlerResult, fake_return, run,
+};

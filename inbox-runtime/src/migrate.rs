@@ -2,7 +2,7 @@ use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 
 use crate::backend::InboxBackend;
-use crate::backend::sealed::Backend as _;
+use crate::backend::sealed::Sealed as _;
 
 /// Creates the inbox table and its unique index where they are missing.
 ///

@@ -6,7 +6,7 @@ use diesel::QueryResult;
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use crate::backend::sealed::{Backend as _, PruneBounds};
+use crate::backend::sealed::{PruneBounds, Sealed as _};
 use crate::backend::InboxBackend;
 
 /// Ids per statement: enough to make each round trip worth it, few enough that a

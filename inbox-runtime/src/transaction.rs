@@ -8,7 +8,7 @@ use diesel_async::TransactionManager;
 use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
-use crate::backend::sealed::{Backend as _, Marker};
+use crate::backend::sealed::{Marker, Sealed as _};
 use crate::classify::classify;
 use crate::fast_path::{DuplicateShare, FastPath};
 use crate::key::InvalidKey;
@@ -50,6 +50,64 @@ impl<E: From<Error>> HandlerError for E {
     fn from_diesel(error: Error) -> Self {
         Self::from(error)
     }
+}
+
+/// Never called: the `#[idempotent]` expansion writes `if false { return
+/// fake_return::<R>(); }` at the top of the body's closure, so that rustc checks the
+/// body against the handler's declared return type `R` and coerces inside it
+/// (`Ok(Box::new(x))` for `Result<Box<dyn Trait>, E>`), as it does for a plain
+/// `async fn`. A call returning `R`, unlike a diverging `loop {}`, adds no unreachable
+/// code to warn about.
+#[doc(hidden)]
+pub fn fake_return<R>() -> R {
+    unreachable!("`fake_return` is only named in a branch that never runs")
+}
+
+/// The connection parameter of an `#[idempotent]` handler, as `run` takes it: a `&mut`
+/// borrow. Through this trait, rather than `run`'s own `&mut C`, a connection taken by
+/// value is reported at the handler's parameter with what to write instead.
+#[diagnostic::on_unimplemented(
+    message = "the connection parameter of an `#[idempotent]` handler must be a `&mut` \
+               borrow, not `{Self}`",
+    label = "taken by value",
+    note = "the transaction runs on a borrow of the connection, which the caller keeps: \
+            take `conn: &mut {Self}` and pass `&mut conn`"
+)]
+pub trait ConnectionParameter<'c> {
+    /// The connection the transaction runs on.
+    type Connection: ?Sized;
+
+    /// The borrow `run` takes.
+    fn borrow(self) -> &'c mut Self::Connection;
+}
+
+impl<'c, C: ?Sized> ConnectionParameter<'c> for &'c mut C {
+    type Connection = C;
+
+    fn borrow(self) -> &'c mut C {
+        self
+    }
+}
+
+/// The return type of an `#[idempotent]` handler, as written: `Result<T, E>` or an alias
+/// of it, such as `diesel::QueryResult<T>` or `anyhow::Result<T>`. The attribute reads
+/// `T` and `E` of an alias through this trait, since it sees only the alias's tokens.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` handlers return a `Result`, not `{Self}`",
+    label = "not a `Result`",
+    note = "the handler returns `Result<Outcome<T>, E>` for a declared `Result<T, E>`, with \
+            `E: From<diesel::result::Error>`"
+)]
+pub trait HandlerResult {
+    /// `T` of `Result<T, E>`.
+    type Ok;
+    /// `E` of `Result<T, E>`.
+    type Err;
+}
+
+impl<T, E> HandlerResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
 }
 
 /// Why a call ended without committing.

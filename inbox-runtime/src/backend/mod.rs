@@ -4,7 +4,7 @@
 //! (how a duplicate shows itself), error recognition and schema creation differ, and each
 //! backend module holds its own.
 
-/// `sealed::Backend::insert_marker` for the backends with `INSERT … ON CONFLICT
+/// `sealed::Sealed::insert_marker` for the backends with `INSERT … ON CONFLICT
 /// (message_id, consumer) DO NOTHING`: a duplicate waits for the transaction holding the
 /// key, then inserts nothing, without raising an error. A new marker is followed by the
 /// batch `then`, when given.
@@ -43,19 +43,22 @@ mod queries;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod savepoint;
 
-/// A database backend that `#[idempotent]` handlers can run on.
+/// A diesel [`Backend`](diesel::backend::Backend) that `#[idempotent]` handlers can run
+/// on.
 ///
 /// Implemented for `Pg`, `Mysql` and `Sqlite` when the matching cargo feature is on. A
 /// handler generic over its connection `C` needs the bound
-/// `C::Backend: diesel_inbox::InboxBackend`.
+/// `C::Backend: diesel_inbox::InboxBackend`. Sealed: the inbox's statements differ per
+/// database, so only diesel-inbox implements it.
 #[diagnostic::on_unimplemented(
     message = "diesel-inbox does not support the backend `{Self}`",
+    label = "no diesel-inbox support for this connection's backend",
     note = "enable the matching feature of diesel-inbox (`postgres`, `mysql` or `sqlite`), \
             or add the bound `C::Backend: diesel_inbox::InboxBackend` to a generic handler"
 )]
-pub trait InboxBackend: diesel::backend::Backend + sealed::Backend {}
+pub trait InboxBackend: diesel::backend::Backend + sealed::Sealed {}
 
-impl<DB: diesel::backend::Backend + sealed::Backend> InboxBackend for DB {}
+impl<DB: diesel::backend::Backend + sealed::Sealed> InboxBackend for DB {}
 
 /// The transaction the marker was inserted in is gone: the database rolled it back (a
 /// MySQL deadlock does this, a PostgreSQL error aborts it) and the handler carried on
@@ -140,7 +143,7 @@ pub(crate) mod sealed {
         pub consumer: &'static str,
     }
 
-    /// The ids a prune walks, `start..end`: see [`Backend::prune_bounds`].
+    /// The ids a prune walks, `start..end`: see [`Sealed::prune_bounds`].
     #[derive(Debug, diesel::QueryableByName)]
     pub struct PruneBounds {
         #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
@@ -149,7 +152,9 @@ pub(crate) mod sealed {
         pub end: Option<i64>,
     }
 
-    pub trait Backend: diesel::backend::Backend + Sized {
+    /// What [`InboxBackend`](super::InboxBackend) needs of a backend, out of reach of
+    /// other crates.
+    pub trait Sealed: diesel::backend::Backend + Sized {
         /// Whether the marker row is already committed. Must never see another
         /// transaction's uncommitted marker, whatever the session's isolation level: that
         /// transaction may still roll back.
@@ -162,7 +167,7 @@ pub(crate) mod sealed {
 
         /// Inserts the marker row as the transaction's first statement; `Ok(false)` when
         /// the row was already there (committed by another transaction, which this call
-        /// waited for). Also prepares whatever [`Backend::commit`] checks.
+        /// waited for). Also prepares whatever [`Sealed::commit`] checks.
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -191,7 +196,7 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// The ids [`Backend::prune_batch`] walks: from the lowest id up to the first id
+        /// The ids [`Sealed::prune_batch`] walks: from the lowest id up to the first id
         /// of a marker inside the `window` (measured back from the database's clock),
         /// or past the highest when every marker is older; `None` for an empty inbox.
         /// Ids grow with insertion time, so both ends are found by primary key order,

@@ -131,7 +131,7 @@ mod imp {
         savepoint!()
     );
 
-    impl sealed::Backend for Mysql {
+    impl sealed::Sealed for Mysql {
         fn already_processed<'c, C>(
             conn: &'c mut C,
             marker: &Marker,

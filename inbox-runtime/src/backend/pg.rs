@@ -59,7 +59,7 @@ mod imp {
     /// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
     const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
-    impl sealed::Backend for diesel::pg::Pg {
+    impl sealed::Sealed for diesel::pg::Pg {
         insert_marker_on_conflict_do_nothing!();
 
         fn already_processed<'c, C>(

@@ -16,7 +16,7 @@ use diesel::QueryResult;
 use diesel::result::Error;
 use diesel_async::AsyncConnection;
 
-use super::sealed::Backend;
+use super::sealed::Sealed;
 use super::{committed_early, leave_transaction, roll_back_for, rolled_back_underneath};
 
 /// Set right after the marker insert: it names the transaction that holds the marker.
@@ -31,7 +31,7 @@ const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; 
 const RELEASE_AND_ROLLBACK: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
 
 /// A backend whose commit check is the savepoint.
-pub(super) trait SavepointBackend: Backend {
+pub(super) trait SavepointBackend: Sealed {
     /// Once the savepoint was found gone and the transaction manager has been brought
     /// back outside a transaction: whether this call's marker is committed, which only
     /// an early commit does. A rollback leaves no marker of this call, though another
@@ -43,7 +43,7 @@ pub(super) trait SavepointBackend: Backend {
         C: AsyncConnection<Backend = Self>;
 }
 
-/// [`Backend::commit`] for a savepoint backend.
+/// [`Sealed::commit`] for a savepoint backend.
 pub(super) async fn commit<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
@@ -59,7 +59,7 @@ where
     }
 }
 
-/// [`Backend::abandon`] for a savepoint backend.
+/// [`Sealed::abandon`] for a savepoint backend.
 pub(super) async fn abandon<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,

@@ -40,7 +40,7 @@ mod imp {
         }
     }
 
-    impl sealed::Backend for Sqlite {
+    impl sealed::Sealed for Sqlite {
         insert_marker_on_conflict_do_nothing!(then concat!("SAVEPOINT ", savepoint!()));
 
         fn already_processed<'c, C>(

@@ -1,0 +1,15 @@
+//! The strict lints a crate can set at `deny` (rather than `forbid`, see the attribute's
+//! `# Lints`) stay quiet on a handler.
+#![deny(non_local_definitions, future_incompatible, warnings)]
+
+use diesel_async::AsyncPgConnection;
+
+#[diesel_inbox::idempotent(consumer = "deny-lints", key = id)]
+async fn handle(conn: &mut AsyncPgConnection, id: u64) -> Result<(), diesel::result::Error> {
+    let _ = (conn, id);
+    Ok(())
+}
+
+fn main() {
+    let _ = handle;
+}
