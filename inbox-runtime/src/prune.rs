@@ -6,8 +6,8 @@ use diesel::QueryResult;
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use crate::backend::sealed::{PruneBounds, Sealed as _};
 use crate::backend::InboxBackend;
+use crate::backend::sealed::{PruneBounds, Sealed as _};
 
 /// Ids per statement: enough to make each round trip worth it, few enough that a
 /// batch's locks and its transaction stay short beside the handlers.
