@@ -15,6 +15,8 @@ mod migrate;
 mod outcome;
 mod registry;
 pub mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;

@@ -12,25 +12,41 @@ use std::time::Duration;
 use diesel::connection::InstrumentationEvent;
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
 
-/// A database a test has to itself.
+/// A database a test has to itself, and what its suite knows about the backend.
 pub trait TestDb: Clone + Send + Sync + 'static {
-    type Conn: AsyncConnection<Backend: InboxBackend> + 'static;
+    type Conn: TestConnection;
 
-    fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
-
-    /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
-    fn count(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = Result<i64, Error>> + Send;
+    /// The test's own schema, database or file, with the inbox migrated.
+    fn database(&self) -> &TestDatabase<Self::Conn>;
 
     /// How many connections of this test are waiting for another transaction's lock,
     /// where the database can tell (SQLite waits inside its busy handler, out of sight).
     fn lock_waiters(&self) -> impl Future<Output = Option<i64>> + Send;
 
+    fn connect(&self) -> impl Future<Output = Self::Conn> + Send {
+        async {
+            self.database()
+                .connect()
+                .await
+                .expect("connect to the test database")
+        }
+    }
+
     /// Drops what the test created. A test that panicked leaves its database behind; the
     /// next run of the same test drops it before starting.
-    fn cleanup(self) -> impl Future<Output = ()> + Send;
+    fn cleanup(self) -> impl Future<Output = ()> + Send {
+        async move {
+            self.database()
+                .clone()
+                .cleanup()
+                .await
+                .expect("remove the test database")
+        }
+    }
 }
 
 /// Reads the URL of a server suite, or says once why the suite is skipped.
@@ -141,7 +157,7 @@ pub async fn naive_credit<D: TestDb>(
     conn: &mut D::Conn,
     credit: &Credit,
 ) -> Result<Outcome<()>, Error> {
-    let seen = D::count(
+    let seen = select_i64(
         conn,
         &format!(
             "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
@@ -165,9 +181,9 @@ pub async fn naive_credit<D: TestDb>(
     Ok(Outcome::Processed(()))
 }
 
+/// The business tables, beside the inbox the test database was created with.
 pub async fn create_tables<D: TestDb>(db: &D, accounts: i64) {
     let mut conn = db.connect().await;
-    diesel_inbox::migrate(&mut conn).await.expect("migrate");
     conn.batch_execute(
         "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
          CREATE TABLE naive_inbox (message_id VARCHAR(100) NOT NULL);
@@ -190,7 +206,7 @@ pub async fn balances<D: TestDb>(db: &D, n: i64) -> Vec<i64> {
     let mut all = Vec::new();
     for id in 0..n {
         all.push(
-            D::count(
+            select_i64(
                 &mut conn,
                 &format!("SELECT balance FROM accounts WHERE id = {id}"),
             )
@@ -465,7 +481,7 @@ pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
         "business write rolled back"
     );
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         0,
@@ -540,7 +556,7 @@ pub async fn business_unique_violation_is_not_a_duplicate<D: TestDb>(db: D) {
         .expect_err("ledger entry exists");
     assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         1
@@ -591,7 +607,11 @@ pub async fn savepoint_in_the_body_isolates_a_failed_statement<D: TestDb>(db: D)
     assert_eq!(balances(&db, 1).await, vec![2]);
     for (table, rows) in [("inbox", 2), ("ledger", 1)] {
         let query = format!("SELECT COUNT(*) FROM {table}");
-        assert_eq!(D::count(&mut conn, &query).await.unwrap(), rows, "{table}");
+        assert_eq!(
+            select_i64(&mut conn, &query).await.unwrap(),
+            rows,
+            "{table}"
+        );
     }
 }
 
@@ -635,7 +655,7 @@ pub async fn invalid_keys_are_rejected_before_writing<D: TestDb>(db: D) {
         Outcome::Processed(())
     );
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         1
@@ -666,7 +686,7 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     assert!(matches!(error, Error::AlreadyInTransaction), "{error:?}");
     assert_eq!(classify(&error), ErrorClass::Transient);
     let mut observer = db.connect().await;
-    let committed = D::count(&mut observer, "SELECT COUNT(*) FROM inbox")
+    let committed = select_i64(&mut observer, "SELECT COUNT(*) FROM inbox")
         .await
         .unwrap();
     assert_eq!(committed, 0, "nothing of the dropped handler is committed");
@@ -767,9 +787,9 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
         // The server may still be finishing the dropped connection's statement; either
         // way, marker and effect are committed together or not at all.
         for _ in 0..20 {
-            let committed = D::count(&mut fresh, &markers).await.unwrap();
+            let committed = select_i64(&mut fresh, &markers).await.unwrap();
             assert_eq!(
-                D::count(&mut fresh, &balance).await.unwrap(),
+                select_i64(&mut fresh, &balance).await.unwrap(),
                 committed,
                 "{statement:?}: half committed"
             );
@@ -781,7 +801,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
             "{statement:?}: {redelivered:?}"
         );
         assert_eq!(
-            D::count(&mut fresh, &balance).await.unwrap(),
+            select_i64(&mut fresh, &balance).await.unwrap(),
             1,
             "{statement:?}"
         );
@@ -789,6 +809,12 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
 }
 
 pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
+    // The test database comes migrated; the race is about creating the table.
+    db.connect()
+        .await
+        .batch_execute("DROP TABLE inbox")
+        .await
+        .expect("drop the inbox");
     let db = Arc::new(db);
     let mut tasks = Vec::new();
     for _ in 0..4 {
