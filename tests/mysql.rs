@@ -280,6 +280,36 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
     db.cleanup().await;
 }
 
+/// DDL in the body commits the test transaction itself. The handler says so, and the
+/// connection is refused from then on rather than trusted to be in a test transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ddl_in_a_test_transaction_ends_it_and_says_so() {
+    let Some(db) = create("ddl_in_test_transaction").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        conn.begin_test_transaction().await.unwrap();
+        let error = credit_with_ddl(&mut conn, &Credit::new(0), false)
+            .await
+            .expect_err("the test transaction ended");
+        assert!(
+            error.to_string().contains("test transaction ended"),
+            "{error}"
+        );
+        let refused = common::credit(&mut conn, &Credit::new(1)).await;
+        assert!(
+            matches!(refused, Err(Error::BrokenTransactionManager)),
+            "{refused:?}"
+        );
+        // An open transaction's locks would hold up the DROP DATABASE.
+        drop(conn);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// At READ UNCOMMITTED a plain read sees another delivery's marker before it commits.
 /// The fast path must wait for that delivery instead, and never answer `Duplicate` for
 /// a marker that then rolls back.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use diesel::result::Error;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 
@@ -89,6 +89,33 @@ async fn swallowed_error_is_not_reported_processed() {
         Outcome::Processed(())
     );
     assert_eq!(common::balances(&db, 1).await, vec![1]);
+    db.cleanup().await;
+}
+
+/// Inside a test transaction too: the swallowed error aborted the transaction, and the
+/// handler recovers the test transaction from its savepoint rather than leave it aborted.
+#[tokio::test]
+async fn swallowed_error_in_a_test_transaction_is_not_reported_processed() {
+    let Some(db) = create("swallowed_error_in_test").await else {
+        return;
+    };
+    common::create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    conn.begin_test_transaction().await.unwrap();
+    let error = swallowing_credit(&mut conn, &Credit::new(0))
+        .await
+        .expect_err("not committed");
+    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    assert!(error.to_string().contains("rolled back"), "{error}");
+    let markers = "SELECT COUNT(*) FROM inbox";
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 0);
+    assert_eq!(
+        common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 1);
+    // Its open transaction's locks would hold up the DROP SCHEMA.
+    drop(conn);
     db.cleanup().await;
 }
 

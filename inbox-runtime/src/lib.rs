@@ -15,6 +15,7 @@ mod migrate;
 mod outcome;
 mod registry;
 pub mod schema;
+mod test_transaction;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transaction;

@@ -615,6 +615,80 @@ pub async fn savepoint_in_the_body_isolates_a_failed_statement<D: TestDb>(db: D)
     }
 }
 
+/// Inside `begin_test_transaction`, as diesel users isolate tests, a handler runs on a
+/// savepoint: processed, duplicate and failed calls leave what they would outside, a
+/// failed statement in the body (which aborts a PostgreSQL transaction) leaves the test
+/// transaction usable, and nothing is ever committed. Any other open transaction is
+/// still refused.
+pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
+    create_tables(&db, 2).await;
+    let mut conn = db.connect().await;
+    conn.begin_test_transaction().await.unwrap();
+    let (first, second) = (Credit::new(0), Credit::new(1));
+    assert_eq!(
+        credit(&mut conn, &first).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(credit(&mut conn, &first).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(
+        credit_reading_first(&mut conn, &first).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    let failed = gated_credit(&mut conn, &second, &Gate::new(false, true)).await;
+    assert!(
+        matches!(failed, Err(Error::RollbackTransaction)),
+        "{failed:?}"
+    );
+    let markers = "SELECT COUNT(*) FROM inbox";
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 1);
+    assert_eq!(
+        credit(&mut conn, &second).await.unwrap(),
+        Outcome::Processed(())
+    );
+
+    // Both messages credit account 7's single ledger entry: the second's insert fails.
+    let ledger = |n| Credit {
+        message_id: format!("ledger-{n}"),
+        account: 7,
+    };
+    assert_eq!(
+        record_in_ledger(&mut conn, &ledger(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    let error = record_in_ledger(&mut conn, &ledger(1))
+        .await
+        .expect_err("ledger entry exists");
+    assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 3);
+    let credited_once = "SELECT COUNT(*) FROM accounts WHERE balance = 1";
+    assert_eq!(select_i64(&mut conn, credited_once).await.unwrap(), 2);
+
+    let nested = conn
+        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .await;
+    assert!(
+        matches!(nested, Err(Error::AlreadyInTransaction)),
+        "a transaction inside the test transaction is refused: {nested:?}"
+    );
+    let mut other = db.connect().await;
+    let refused = other
+        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::AlreadyInTransaction)),
+        "an ordinary transaction is refused: {refused:?}"
+    );
+
+    drop(conn);
+    assert_eq!(
+        select_i64(&mut other, markers).await.unwrap(),
+        0,
+        "nothing of the test transaction is committed"
+    );
+    assert_eq!(balances(&db, 2).await, vec![0, 0]);
+}
+
 /// A raw second insert of the same marker is recognised by its index.
 pub async fn inbox_unique_violation_is_classified<D: TestDb>(db: D) {
     create_tables(&db, 0).await;
@@ -941,6 +1015,7 @@ macro_rules! common_scenarios {
             consumers_are_independent,
             business_unique_violation_is_not_a_duplicate,
             savepoint_in_the_body_isolates_a_failed_statement,
+            handlers_run_inside_a_test_transaction,
             inbox_unique_violation_is_classified,
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,

@@ -72,7 +72,9 @@ impl<C: TestConnection> TestDatabase<C> {
         C::url(&self.place)
     }
 
-    /// Drops the schema or database, or removes the SQLite file.
+    /// Drops the schema or database, or removes the SQLite file. Drop connections inside
+    /// a transaction (`begin_test_transaction`) first: on a server, the DROP waits for
+    /// their locks.
     pub async fn cleanup(self) -> Result<(), TestDatabaseError> {
         C::remove(self.place).await
     }
