@@ -11,15 +11,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, ensure};
 
-use crate::cli::{Backend, Plan};
+use crate::backend::Backend;
+use crate::cli::Plan;
 use crate::connection::{BenchConnection, connect};
-use crate::pgbench::{Pgbench, Script};
+use crate::pgbench::Pgbench;
 use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
 use crate::runner::{self, Run, Tally};
 use crate::setup;
 use crate::target::Target;
-use crate::variant::{Variant, count_label};
+use crate::variant::{Script, Variant, count_label};
 use crate::workload::{Workload, splitmix64};
 
 /// One variant at one consumer count.

@@ -23,7 +23,7 @@ use diesel_async::{
 use diesel_inbox::InboxBackend;
 use diesel_inbox::schema::inbox;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 use crate::target::Target;
 
 pub type SqliteConn = SyncConnectionWrapper<SqliteConnection>;

@@ -3,27 +3,35 @@
 //! a Markdown report and an SVG chart. Run it with `cargo run --release -p inbox-bench`;
 //! `--help` lists the options.
 
-mod bench;
-mod chart;
+// Each layer uses only the layers before it.
+//
+// Plan: what to measure, resolved from the command line.
+mod backend;
 pub mod cli;
+mod variant;
+mod workload;
+// Run: the databases, their connections and the handlers that run on them.
 mod connection;
-mod machine;
+mod handlers;
 mod pgbench;
-mod probe;
-mod progress;
-mod report;
 mod runner;
 mod setup;
 mod target;
-mod variant;
-mod workload;
+// Measure: a backend's measurements in order, and what the machine and server did.
+mod bench;
+mod machine;
+mod probe;
+mod progress;
+// Report: the Markdown report and the chart.
+mod chart;
+mod report;
 
 use anyhow::bail;
 use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 
-pub use cli::{Args, Backend, Plan};
-pub use pgbench::Script;
-pub use variant::Variant;
+pub use backend::Backend;
+pub use cli::{Args, Plan};
+pub use variant::{Script, Variant};
 
 use crate::connection::SqliteConn;
 use crate::machine::Machine;

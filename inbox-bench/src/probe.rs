@@ -10,7 +10,7 @@ use diesel_inbox::schema::INDEX_NAME;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 use crate::connection::{BenchConnection, connect};
 use crate::target::Target;
 

@@ -3,9 +3,9 @@
 use diesel_inbox::schema::INDEX_NAME;
 use indicatif::ProgressBar;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 use crate::connection::BenchConnection;
-use crate::variant::{DUPLICATED_CONSUMER, IDEMPOTENT_CONSUMER};
+use crate::handlers::{DUPLICATED_CONSUMER, IDEMPOTENT_CONSUMER};
 use crate::workload::{ACCOUNTS, Workload};
 
 /// Rows per statement when inserting generated values.

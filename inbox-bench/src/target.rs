@@ -11,7 +11,7 @@ use diesel_async::{
 };
 use tempfile::TempDir;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 
 pub enum Target {
     Postgres {
