@@ -27,13 +27,14 @@ mod chart;
 mod report;
 
 use anyhow::bail;
-use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
+use diesel_inbox::testing::TestDatabase;
 
 pub use backend::Backend;
 pub use cli::{Args, Plan};
 pub use variant::{Script, Variant};
 
-use crate::connection::SqliteConn;
+use crate::bench::BackendRun;
+use crate::connection::BenchConnection;
 use crate::machine::Machine;
 use crate::pgbench::Pgbench;
 use crate::progress::Progress;
@@ -47,7 +48,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
     for &backend in &plan.backends {
-        match Target::from_env(backend)? {
+        match Target::from_env(backend) {
             Ok(target) => targets.push(target),
             Err(reason) => skipped.push(reason),
         }
@@ -76,23 +77,20 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
 
     let mut runs = Vec::new();
     for target in targets {
-        target.create().await?;
-        let measured = match target.backend() {
-            Backend::Postgres => {
-                bench::run_backend::<AsyncPgConnection>(&target, plan, pgbench.as_ref(), &progress)
-                    .await
+        let name = target::place_name();
+        runs.push(match target {
+            Target::Postgres(url) => {
+                let db = TestDatabase::postgres(&url, &name).await?;
+                measure(db, plan, pgbench.as_ref(), &progress).await?
             }
-            Backend::Mysql => {
-                bench::run_backend::<AsyncMysqlConnection>(&target, plan, None, &progress).await
+            Target::Mysql(url) => {
+                let db = TestDatabase::mysql(&url, &name).await?;
+                measure(db, plan, None, &progress).await?
             }
-            Backend::Sqlite => {
-                bench::run_backend::<SqliteConn>(&target, plan, None, &progress).await
+            Target::Sqlite => {
+                measure(TestDatabase::sqlite(&name).await?, plan, None, &progress).await?
             }
-        };
-        // Clean up even after a failed measurement, but report the measurement's error.
-        let removed = target.remove().await;
-        runs.push(measured?);
-        removed?;
+        });
     }
     progress.finish();
 
@@ -104,4 +102,19 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
         plan.chart.display()
     );
     Ok(runs.iter().map(|run| run.backend).collect())
+}
+
+/// Measures on `db`, then drops it, also after a failed measurement, whose error it
+/// reports first.
+async fn measure<C: BenchConnection>(
+    db: TestDatabase<C>,
+    plan: &Plan,
+    pgbench: Option<&Pgbench>,
+    progress: &Progress,
+) -> anyhow::Result<BackendRun> {
+    let measured = bench::run_backend(&db, plan, pgbench, progress).await;
+    let removed = db.cleanup().await;
+    let run = measured?;
+    removed?;
+    Ok(run)
 }

@@ -9,9 +9,8 @@
 use std::io::Write as _;
 use std::process::Command;
 
-use anyhow::{Context as _, anyhow, bail, ensure};
+use anyhow::{Context as _, anyhow, ensure};
 
-use crate::target::Target;
 use crate::variant::Script;
 use crate::workload::ACCOUNTS;
 
@@ -76,19 +75,16 @@ impl Pgbench {
         }
     }
 
-    /// Runs `script` on `target` with `clients` clients of `transactions` each, and
-    /// returns pgbench's transactions per second. Its clock, like the harness's, leaves
-    /// out connecting.
+    /// Runs `script` on the database at `url` (whose `options` set the run's schema)
+    /// with `clients` clients of `transactions` each, and returns pgbench's transactions
+    /// per second. Its clock, like the harness's, leaves out connecting.
     pub async fn run(
         &self,
-        target: &Target,
+        url: &str,
         script: Script,
         clients: usize,
         transactions: u64,
     ) -> anyhow::Result<f64> {
-        let Target::Postgres { url, schema } = target else {
-            bail!("pgbench runs on PostgreSQL only");
-        };
         let mut script_file = tempfile::Builder::new()
             .prefix("inbox-bench-")
             .suffix(".pgbench")
@@ -101,7 +97,6 @@ impl Pgbench {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let mut command = Command::new(PROGRAM);
         command
-            .env("PGOPTIONS", format!("-c search_path={schema}"))
             .args(["-n", "-M", "prepared"])
             .args(["-c", &clients.to_string()])
             .args(["-j", &clients.min(cores).to_string()])
