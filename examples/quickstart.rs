@@ -27,9 +27,7 @@ use diesel_async::pooled_connection::PoolError as ConnectionPoolError;
 use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{
-    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
-};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::testing::{TestConnection, TestDatabase};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::Mutex;
@@ -450,8 +448,11 @@ where
     let manager = AsyncDieselConnectionManager::new_with_config(db.url(), config);
     let pool = Pool::builder(manager).max_size(CONSUMERS).build()?;
     let run = race(pool, handler, stream).await;
-    db.cleanup().await?;
-    run
+    let removed = db.cleanup().await;
+    // The race's error explains more than a failed cleanup after it.
+    let run = run?;
+    removed?;
+    Ok(run)
 }
 
 /// Each pooled SQLite connection waits for the write lock instead of failing at once
@@ -504,10 +505,10 @@ async fn main() -> Result<(), BoxError> {
             let db = TestDatabase::sqlite(&name).await?;
             race_in(db, sqlite_setup(), handler, &stream).await?
         } else if url.starts_with("mysql") {
-            let db = TestDatabase::<AsyncMysqlConnection>::mysql(&url, &name).await?;
+            let db = TestDatabase::mysql(&url, &name).await?;
             race_in(db, ManagerConfig::default(), handler, &stream).await?
         } else {
-            let db = TestDatabase::<AsyncPgConnection>::postgres(&url, &name).await?;
+            let db = TestDatabase::postgres(&url, &name).await?;
             race_in(db, ManagerConfig::default(), handler, &stream).await?
         };
         runs.push(run);
