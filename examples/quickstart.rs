@@ -2,40 +2,41 @@
 //! hand-written "have I seen this message?" check, then with `#[idempotent]`.
 //!
 //! ```text
-//! cargo run --example quickstart                                        # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart   # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart      # MySQL, MariaDB
+//! cargo run --example quickstart --features testing                                      # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features testing # PostgreSQL
+//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features testing    # MySQL, MariaDB
 //! ```
 //!
-//! SQLite runs in a temporary file. On a server the example works in a schema
-//! (PostgreSQL) or database (MySQL) of its own, `quickstart_<pid>`, and drops it at the
-//! end: the inbox table is always called `inbox`, so sharing a schema with other users
-//! would mix their markers with ours.
+//! The consumers are written as a service would be: a connection pool, `migrate` and
+//! `check_consumers` at start-up, handlers in diesel's DSL, and an error type of the
+//! service's own. Only the place differs: each run works in a scratch schema (PostgreSQL),
+//! database (MySQL) or file (SQLite) of its own, made by `diesel_inbox::testing` and
+//! dropped at the end, because the inbox table is always called `inbox` and the demo must
+//! not mix its markers with yours. A service builds its pool from `DATABASE_URL` itself.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use diesel::QueryResult;
-use diesel::dsl::sql;
-use diesel::expression::SqlLiteral;
-use diesel::sql_types::{BigInt, Bool};
+use deadpool::managed::Manager;
+use diesel::dsl::{exists, insert_into, select, update};
+use diesel::prelude::*;
 use diesel::sqlite::SqliteConnection;
-use diesel_async::methods::LoadQuery;
+use diesel_async::methods::{ExecuteDsl, LoadQuery};
+use diesel_async::pooled_connection::PoolError as ConnectionPoolError;
+use diesel_async::pooled_connection::deadpool::{Pool, PoolError};
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{
-    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
-};
-use diesel_inbox::{InboxBackend, Outcome, classify, idempotent};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestConnection, TestDatabase};
+use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
 
-const ACCOUNTS: u64 = 50;
+const ACCOUNTS: i64 = 50;
 const MESSAGES: u64 = 200;
 const CONSUMERS: usize = 4;
 /// Transient failures of one message before it is dead-lettered.
@@ -44,25 +45,123 @@ const MAX_ATTEMPTS: u32 = 10;
 /// computation). It is what keeps the naive handler's check-then-act window open.
 const HANDLER_WORK: Duration = Duration::from_millis(2);
 
+diesel::table! {
+    accounts (id) {
+        id -> BigInt,
+        balance -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The naive handler's record of seen messages. diesel needs a key to name; the
+    /// database has no unique index, which is the naive handler's mistake.
+    naive_inbox (message_id, consumer) {
+        message_id -> Text,
+        consumer -> Text,
+    }
+}
+
+/// The schema a service would ship as a diesel migration, beside the inbox's.
+const CREATE_TABLES: &str = "
+    CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
+    CREATE TABLE naive_inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(255) NOT NULL);
+";
+
 /// The message every delivery carries: credit one account by `amount`.
 #[derive(Debug, Clone, Copy)]
 struct CreditRequested {
     id: Uuid,
-    account_id: u64,
+    account_id: i64,
     amount: i64,
 }
 
+/// The service's error type: what a handler or the consumer loop can fail with.
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Db(#[from] diesel::result::Error),
+    #[error("no connection from the pool: {0}")]
+    Pool(#[from] PoolError),
+}
+
+impl AppError {
+    /// What the broker should do with a delivery that failed this way.
+    fn class(&self) -> ErrorClass {
+        match self {
+            Self::Db(error) => classify(error),
+            // The pool could not connect: worth a retry, like a lost connection.
+            Self::Pool(_) => ErrorClass::ConnectionUnusable,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
-// The two handlers. Both make the same business change, `apply_credit`.
+// The statements, and the two handlers. Both make the same business change.
+//
+// The example runs on three backends, so its code is generic over the connection, and
+// each generic function states that diesel can run its statements there (the
+// `ExecuteDsl` and `LoadQuery` bounds) and that the pool can manage it (`Manager`). A
+// service written for one backend takes its connection type, `&mut AsyncPgConnection`
+// say, and needs none of them.
 // ---------------------------------------------------------------------------------------
+
+/// The naive handler's name for itself in `naive_inbox`.
+const NAIVE_CONSUMER: &str = "credit";
+
+#[diesel::dsl::auto_type]
+fn credit_account(account_id: i64, amount: i64) -> _ {
+    update(accounts::table.find(account_id)).set(accounts::balance.eq(accounts::balance + amount))
+}
+
+#[diesel::dsl::auto_type]
+fn naive_seen(message_id: String, consumer: &'static str) -> _ {
+    select(exists(
+        naive_inbox::table.filter(
+            naive_inbox::message_id
+                .eq(message_id)
+                .and(naive_inbox::consumer.eq(consumer)),
+        ),
+    ))
+}
+
+#[diesel::dsl::auto_type]
+fn naive_record(message_id: String, consumer: &'static str) -> _ {
+    insert_into(naive_inbox::table).values((
+        naive_inbox::message_id.eq(message_id),
+        naive_inbox::consumer.eq(consumer),
+    ))
+}
+
+#[diesel::dsl::auto_type]
+fn open_account(id: i64, balance: i64) -> _ {
+    insert_into(accounts::table).values((accounts::id.eq(id), accounts::balance.eq(balance)))
+}
+
+#[diesel::dsl::auto_type]
+fn all_balances() -> _ {
+    accounts::table.select(accounts::balance)
+}
+
+async fn apply_credit<C>(conn: &mut C, msg: &CreditRequested) -> Result<(), AppError>
+where
+    C: AsyncConnection,
+    credit_account: ExecuteDsl<C>,
+{
+    tokio::time::sleep(HANDLER_WORK).await;
+    credit_account(msg.account_id, msg.amount)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
 
 /// With diesel-inbox: the marker row and the credit commit in one transaction, and the
 /// inbox's unique index lets exactly one of any number of concurrent copies through.
 #[idempotent(consumer = "credit", key = msg.id)]
-async fn credit<C>(conn: &mut C, msg: &CreditRequested) -> Result<(), diesel::result::Error>
+async fn credit<C>(conn: &mut C, msg: &CreditRequested) -> Result<(), AppError>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
+    credit_account: ExecuteDsl<C>,
 {
     apply_credit(conn, msg).await
 }
@@ -71,39 +170,28 @@ where
 /// apply the credit in one transaction. The look-up runs before the transaction and
 /// `naive_inbox` has no unique index, so two consumers holding copies of the same
 /// message can both see "new" and both apply it.
-async fn credit_naively<C: DemoConnection>(
-    conn: &mut C,
-    msg: &CreditRequested,
-) -> QueryResult<Outcome<()>> {
-    let seen = conn
-        .query_bool(format!(
-            "SELECT EXISTS (SELECT 1 FROM naive_inbox \
-             WHERE message_id = '{}' AND consumer = 'credit')",
-            msg.id
-        ))
-        .await?;
-    if seen {
+async fn credit_naively<C>(conn: &mut C, msg: &CreditRequested) -> Result<Outcome<()>, AppError>
+where
+    C: AsyncConnection,
+    credit_account: ExecuteDsl<C>,
+    naive_seen: LoadQuery<'static, C, bool>,
+    naive_record: ExecuteDsl<C>,
+{
+    if naive_seen(msg.id.to_string(), NAIVE_CONSUMER)
+        .get_result(conn)
+        .await?
+    {
         return Ok(Outcome::Duplicate);
     }
-    conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+    conn.transaction::<_, AppError, _>(async |conn| {
         apply_credit(conn, msg).await?;
-        conn.batch_execute(&format!(
-            "INSERT INTO naive_inbox (message_id, consumer) VALUES ('{}', 'credit')",
-            msg.id
-        ))
-        .await
+        naive_record(msg.id.to_string(), NAIVE_CONSUMER)
+            .execute(conn)
+            .await?;
+        Ok(())
     })
     .await?;
     Ok(Outcome::Processed(()))
-}
-
-async fn apply_credit<C: AsyncConnection>(conn: &mut C, msg: &CreditRequested) -> QueryResult<()> {
-    tokio::time::sleep(HANDLER_WORK).await;
-    conn.batch_execute(&format!(
-        "UPDATE accounts SET balance = balance + {} WHERE id = {}",
-        msg.amount, msg.account_id
-    ))
-    .await
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -120,11 +208,14 @@ impl Handler {
         }
     }
 
-    async fn handle<C: DemoConnection>(
-        self,
-        conn: &mut C,
-        msg: &CreditRequested,
-    ) -> QueryResult<Outcome<()>> {
+    async fn handle<C>(self, conn: &mut C, msg: &CreditRequested) -> Result<Outcome<()>, AppError>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+        credit_account: ExecuteDsl<C>,
+        naive_seen: LoadQuery<'static, C, bool>,
+        naive_record: ExecuteDsl<C>,
+    {
         match self {
             Self::Naive => credit_naively(conn, msg).await,
             Self::Idempotent => credit(conn, msg).await,
@@ -158,7 +249,7 @@ fn delivery_stream() -> Vec<CreditRequested> {
     for n in 0..MESSAGES {
         let message = CreditRequested {
             id: Uuid::from_u64_pair(0x0123_4567_89ab_cdef, n),
-            account_id: 1 + n % ACCOUNTS,
+            account_id: 1 + (n % ACCOUNTS as u64) as i64,
             amount: 1,
         };
         let copies = 2 + rng.below(3);
@@ -202,34 +293,38 @@ impl Tally {
     }
 }
 
-/// A consumer instance: takes deliveries off the shared queue until it is empty, acks
-/// processed and duplicate outcomes, redelivers on transient errors and dead-letters the
-/// rest, as a broker client would.
-async fn consume<C: DemoConnection>(
-    target: Arc<Target>,
-    mut conn: C,
-    queue: Arc<Mutex<VecDeque<Delivery>>>,
-    handler: Handler,
-) -> Result<Tally, BoxError> {
+/// A consumer instance: takes deliveries off the shared queue until it is empty, each on
+/// a connection from the pool, acks processed and duplicate outcomes, redelivers on
+/// transient errors and dead-letters the rest, as a broker client would. The pool
+/// discards a connection that an error left inside a transaction.
+async fn consume<C>(pool: Pool<C>, queue: Arc<Mutex<VecDeque<Delivery>>>, handler: Handler) -> Tally
+where
+    C: TestConnection,
+    AsyncDieselConnectionManager<C>: Manager<Type = C, Error = ConnectionPoolError>,
+    credit_account: ExecuteDsl<C>,
+    naive_seen: LoadQuery<'static, C, bool>,
+    naive_record: ExecuteDsl<C>,
+{
     let mut tally = Tally::default();
     loop {
         let Some(delivery) = queue.lock().await.pop_front() else {
-            return Ok(tally);
+            return tally;
         };
         let message = delivery.message;
-        match handler.handle(&mut conn, &message).await {
+        let outcome = match pool.get().await {
+            Ok(mut conn) => handler.handle(&mut *conn, &message).await,
+            Err(error) => Err(error.into()),
+        };
+        match outcome {
             Ok(Outcome::Processed(())) => *tally.committed.entry(message.id).or_default() += 1,
             Ok(Outcome::Duplicate) => {}
-            Err(error) => match classify(&error) {
+            Err(error) => match error.class() {
                 class if class.is_retryable() && delivery.attempt < MAX_ATTEMPTS => {
                     tally.retries += 1;
                     queue.lock().await.push_back(Delivery {
                         message,
                         attempt: delivery.attempt + 1,
                     });
-                    // A fresh connection serves both kinds of retry, including
-                    // `ConnectionUnusable`.
-                    conn = connect(&target).await?;
                 }
                 class => tally.dead_letters.push(format!(
                     "a delivery of {} ({class:?} error, attempt {}): {error}",
@@ -284,281 +379,140 @@ fn messages(count: usize) -> String {
     }
 }
 
-/// Runs both handlers on fresh state over the same deliveries.
-async fn compare<C: DemoConnection>(
-    target: &Arc<Target>,
+/// Start-up, as a service does it, then `CONSUMERS` consumers over `stream` with
+/// `handler`, on a pool of as many connections.
+async fn race<C>(
+    pool: Pool<C>,
+    handler: Handler,
     stream: &[CreditRequested],
-) -> Result<Vec<Run>, BoxError> {
-    let mut admin = connect::<C>(target).await?;
-    diesel_inbox::migrate(&mut admin).await?;
-    admin
-        .batch_execute(
-            "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
-             -- Deliberately without a unique index: that is the naive handler's mistake.
-             CREATE TABLE naive_inbox (
-                 message_id VARCHAR(255) NOT NULL,
-                 consumer VARCHAR(255) NOT NULL
-             );",
-        )
-        .await?;
-    let distinct = stream.iter().map(|m| m.id).collect::<HashSet<_>>().len();
-
-    let mut runs = Vec::new();
-    for handler in [Handler::Naive, Handler::Idempotent] {
-        reset(&mut admin).await?;
-        // Connect everyone before starting so that the consumers really run side by side.
-        let mut consumers = Vec::with_capacity(CONSUMERS);
-        for _ in 0..CONSUMERS {
-            consumers.push(connect::<C>(target).await?);
-        }
-        let queue = stream
-            .iter()
-            .map(|&message| Delivery {
-                message,
-                attempt: 1,
-            })
-            .collect::<VecDeque<_>>();
-        let queue = Arc::new(Mutex::new(queue));
-        let tasks = consumers
-            .into_iter()
-            .map(|conn| tokio::spawn(consume(target.clone(), conn, queue.clone(), handler)))
-            .collect::<Vec<_>>();
-        // Wait for every consumer before looking at any result, so that none is still
-        // running when the tables are reset or dropped.
-        let mut results = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            results.push(task.await?);
-        }
-        let mut tally = Tally::default();
-        for result in results {
-            tally.merge(result?);
-        }
-        let balances = admin
-            .query_i64s("SELECT balance FROM accounts".to_owned())
-            .await?;
-        runs.push(Run {
-            handler,
-            deliveries: stream.len(),
-            applied: balances.iter().sum(),
-            expected: distinct,
-            tally,
-        });
-    }
-    Ok(runs)
-}
-
-/// Empties every table and opens the accounts at zero.
-async fn reset<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
-    let accounts = (1..=ACCOUNTS)
-        .map(|id| format!("({id}, 0)"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    conn.batch_execute(&format!(
-        "DELETE FROM inbox; DELETE FROM naive_inbox; DELETE FROM accounts;
-         INSERT INTO accounts (id, balance) VALUES {accounts};"
-    ))
-    .await
-}
-
-// ---------------------------------------------------------------------------------------
-// Where the example runs: picking the backend, isolating from other users, cleaning up.
-// ---------------------------------------------------------------------------------------
-
-/// The database the example runs on, and its private corner of it.
-enum Target {
-    Sqlite {
-        path: PathBuf,
-    },
-    Postgres {
-        url: String,
-        schema: String,
-    },
-    Mysql {
-        server_url: String,
-        url: String,
-        database: String,
-    },
-}
-
-impl Target {
-    fn from_env() -> Result<Self, BoxError> {
-        let name = format!("quickstart_{}", std::process::id());
-        let url = std::env::var("DATABASE_URL").unwrap_or_default();
-        if url.is_empty() {
-            // The pid alone could match a file left behind by a crashed earlier run.
-            let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
-            let path = std::env::temp_dir().join(format!("diesel-inbox-{name}-{nanos}.sqlite3"));
-            Ok(Self::Sqlite { path })
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Self::Postgres { url, schema: name })
-        } else if url.starts_with("mysql://") {
-            Ok(Self::Mysql {
-                url: with_database(&url, &name),
-                server_url: url,
-                database: name,
-            })
-        } else {
-            Err("DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into())
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Self::Sqlite { path } => format!("SQLite, temporary file {}", path.display()),
-            Self::Postgres { schema, .. } => format!("PostgreSQL, schema {schema}"),
-            Self::Mysql { database, .. } => format!("MySQL, database {database}"),
-        }
-    }
-
-    async fn run(self: &Arc<Self>, stream: &[CreditRequested]) -> Result<Vec<Run>, BoxError> {
-        match **self {
-            Self::Sqlite { .. } => compare::<SqliteConn>(self, stream).await,
-            Self::Postgres { .. } => compare::<AsyncPgConnection>(self, stream).await,
-            Self::Mysql { .. } => compare::<AsyncMysqlConnection>(self, stream).await,
-        }
-    }
-
-    /// Creates the schema or database the example works in (a leftover from a crashed
-    /// run with the same pid is dropped first).
-    async fn create(&self) -> Result<(), BoxError> {
-        match self {
-            Self::Sqlite { .. } => {}
-            Self::Postgres { url, schema } => {
-                let mut conn = AsyncPgConnection::establish(url).await?;
-                conn.batch_execute(&format!(
-                    "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-                ))
-                .await?;
-            }
-            Self::Mysql {
-                server_url,
-                database,
-                ..
-            } => {
-                let mut conn = AsyncMysqlConnection::establish(server_url).await?;
-                conn.batch_execute(&format!(
-                    "DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}"
-                ))
-                .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Drops everything [`Target::create`] and the example made.
-    async fn remove(&self) -> Result<(), BoxError> {
-        match self {
-            Self::Sqlite { path } => {
-                for suffix in ["", "-wal", "-shm"] {
-                    let mut file = path.clone().into_os_string();
-                    file.push(suffix);
-                    match std::fs::remove_file(&file) {
-                        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(error.into());
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Self::Postgres { url, schema } => {
-                let mut conn = AsyncPgConnection::establish(url).await?;
-                conn.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                    .await?;
-            }
-            Self::Mysql {
-                server_url,
-                database,
-                ..
-            } => {
-                let mut conn = AsyncMysqlConnection::establish(server_url).await?;
-                conn.batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Opens a connection to the example's own schema or database.
-async fn connect<C: AsyncConnection>(target: &Target) -> Result<C, BoxError> {
-    let (url, session) = match target {
-        // The busy timeout makes a second writer wait for the lock instead of failing at
-        // once with SQLITE_BUSY (it is set first so that it covers the switch to WAL);
-        // WAL lets readers run beside the writer.
-        Target::Sqlite { path } => (
-            path.to_str().ok_or("temporary path is not UTF-8")?,
-            Some("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;".to_owned()),
-        ),
-        Target::Postgres { url, schema } => {
-            (url.as_str(), Some(format!("SET search_path TO {schema}")))
-        }
-        Target::Mysql { url, .. } => (url.as_str(), None),
-    };
-    let mut conn = C::establish(url).await?;
-    if let Some(session) = session {
-        conn.batch_execute(&session).await?;
-    }
-    Ok(conn)
-}
-
-/// `mysql://user@host:3306/db?options` with its database replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, options) = match url.split_once('?') {
-        Some((base, options)) => (base, Some(options)),
-        None => (url, None),
-    };
-    let authority = base.find("://").map_or(0, |scheme| scheme + 3);
-    let path = base[authority..]
-        .find('/')
-        .map_or(base.len(), |slash| authority + slash);
-    let mut replaced = format!("{}/{database}", &base[..path]);
-    if let Some(options) = options {
-        replaced.push('?');
-        replaced.push_str(options);
-    }
-    replaced
-}
-
-/// What the demo's own bookkeeping reads back through raw SQL. diesel states the bounds
-/// for that per backend; the blanket impl below states them once, so the generic
-/// functions above only need `C: DemoConnection`.
-trait DemoConnection: AsyncConnection<Backend: InboxBackend> + 'static {
-    fn query_bool(&mut self, query: String) -> impl Future<Output = QueryResult<bool>> + Send;
-    fn query_i64s(&mut self, query: String) -> impl Future<Output = QueryResult<Vec<i64>>> + Send;
-}
-
-impl<C> DemoConnection for C
+) -> Result<Run, BoxError>
 where
-    C: AsyncConnection<Backend: InboxBackend> + 'static,
-    for<'q> SqlLiteral<Bool>: LoadQuery<'q, C, bool>,
-    for<'q> SqlLiteral<BigInt>: LoadQuery<'q, C, i64>,
+    C: TestConnection,
+    AsyncDieselConnectionManager<C>: Manager<Type = C, Error = ConnectionPoolError>,
+    credit_account: ExecuteDsl<C>,
+    naive_seen: LoadQuery<'static, C, bool>,
+    naive_record: ExecuteDsl<C>,
+    open_account: ExecuteDsl<C>,
+    all_balances: LoadQuery<'static, C, i64>,
 {
-    fn query_bool(&mut self, query: String) -> impl Future<Output = QueryResult<bool>> + Send {
-        sql::<Bool>(&query).get_result(self)
+    {
+        let mut conn = pool.get().await?;
+        diesel_inbox::migrate(&mut *conn).await?;
+        conn.batch_execute(CREATE_TABLES).await?;
+        for id in 1..=ACCOUNTS {
+            open_account(id, 0).execute(&mut *conn).await?;
+        }
     }
+    let queue = stream
+        .iter()
+        .map(|&message| Delivery {
+            message,
+            attempt: 1,
+        })
+        .collect::<VecDeque<_>>();
+    let queue = Arc::new(Mutex::new(queue));
+    let consumers = (0..CONSUMERS)
+        .map(|_| tokio::spawn(consume(pool.clone(), Arc::clone(&queue), handler)))
+        .collect::<Vec<_>>();
+    let mut tally = Tally::default();
+    for consumer in consumers {
+        tally.merge(consumer.await?);
+    }
+    let balances: Vec<i64> = all_balances().load(&mut *pool.get().await?).await?;
+    Ok(Run {
+        handler,
+        deliveries: stream.len(),
+        applied: balances.iter().sum(),
+        expected: stream.iter().map(|m| m.id).collect::<HashSet<_>>().len(),
+        tally,
+    })
+}
 
-    fn query_i64s(&mut self, query: String) -> impl Future<Output = QueryResult<Vec<i64>>> + Send {
-        sql::<BigInt>(&query).load(self)
-    }
+/// Runs `handler`'s race in a scratch place of its own, and drops the place afterwards,
+/// even when the race failed.
+async fn race_in<C>(
+    db: TestDatabase<C>,
+    config: ManagerConfig<C>,
+    handler: Handler,
+    stream: &[CreditRequested],
+) -> Result<Run, BoxError>
+where
+    C: TestConnection,
+    AsyncDieselConnectionManager<C>: Manager<Type = C, Error = ConnectionPoolError>,
+    credit_account: ExecuteDsl<C>,
+    naive_seen: LoadQuery<'static, C, bool>,
+    naive_record: ExecuteDsl<C>,
+    open_account: ExecuteDsl<C>,
+    all_balances: LoadQuery<'static, C, i64>,
+{
+    let manager = AsyncDieselConnectionManager::new_with_config(db.url(), config);
+    let pool = Pool::builder(manager).max_size(CONSUMERS).build()?;
+    let run = race(pool, handler, stream).await;
+    let removed = db.cleanup().await;
+    // The race's error explains more than a failed cleanup after it.
+    let run = run?;
+    removed?;
+    Ok(run)
+}
+
+/// Each pooled SQLite connection waits for the write lock instead of failing at once
+/// with `SQLITE_BUSY` (set first, so that it covers the switch to WAL), and WAL lets
+/// readers run beside the writer.
+fn sqlite_setup() -> ManagerConfig<SqliteConn> {
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(|url| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let mut conn = SqliteConn::establish(&url).await?;
+            conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;")
+                .await
+                .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+            Ok(conn)
+        })
+    });
+    config
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let target = Arc::new(Target::from_env()?);
+    // Before consuming anything: two handlers sharing a consumer name would suppress
+    // each other's messages.
+    diesel_inbox::check_consumers()?;
+    let url = std::env::var("DATABASE_URL").unwrap_or_default();
     let stream = delivery_stream();
-    println!("diesel-inbox quickstart on {}", target.describe());
+    let backend = match url.split("://").next() {
+        _ if url.is_empty() => "SQLite, a temporary file",
+        Some("postgres" | "postgresql") => "PostgreSQL, a scratch schema",
+        Some("mysql") => "MySQL, a scratch database",
+        _ => {
+            return Err(
+                "DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into(),
+            );
+        }
+    };
+    println!("diesel-inbox quickstart on {backend}");
     println!(
         "{MESSAGES} credit messages, {} deliveries (2-4 copies each), {CONSUMERS} consumers \
-         with a connection each\n",
+         on a pool of {CONSUMERS} connections\n",
         stream.len()
     );
 
-    target.create().await?;
-    let runs = target.run(&stream).await;
-    // Clean up even when the run failed, but report the run's error first.
-    let removed = target.remove().await;
-    let runs = runs?;
-    removed?;
+    let mut runs = Vec::new();
+    for handler in [Handler::Naive, Handler::Idempotent] {
+        // The pid keeps two runs at the same time apart.
+        let name = format!("quickstart_{}_{handler:?}", std::process::id()).to_lowercase();
+        let run = if url.is_empty() {
+            let db = TestDatabase::sqlite(&name).await?;
+            race_in(db, sqlite_setup(), handler, &stream).await?
+        } else if url.starts_with("mysql") {
+            let db = TestDatabase::mysql(&url, &name).await?;
+            race_in(db, ManagerConfig::default(), handler, &stream).await?
+        } else {
+            let db = TestDatabase::postgres(&url, &name).await?;
+            race_in(db, ManagerConfig::default(), handler, &stream).await?
+        };
+        runs.push(run);
+    }
 
     println!(
         "{:<20} {:>10} {:>8} {:>9} {:>8}  verdict",

@@ -57,7 +57,8 @@
 //! # Features
 //!
 //! `postgres`, `mysql` and `sqlite` (all on by default) turn on the matching
-//! diesel-async backend.
+//! diesel-async backend. `testing` adds [`testing`], a database of each test's own with
+//! the inbox migrated.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
@@ -83,4 +84,45 @@ pub mod __private {
         ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, fake_return,
         inventory, run,
     };
+}
+
+#[cfg(feature = "testing")]
+pub mod testing {
+    //! A database of each test's own, with the inbox migrated: the database-per-test that
+    //! `#[sqlx::test]` gives sqlx users, for PostgreSQL, MySQL/MariaDB and SQLite.
+    //!
+    //! The inbox table is always called `inbox`, so tests that run at the same time must not
+    //! share a schema: one test's markers would make another's messages duplicates.
+    //! [`TestDatabase`] creates a place of the test's own, named `inbox_test_<name>`:
+    //!
+    //! | backend | place | connections |
+    //! |---|---|---|
+    //! | PostgreSQL | a schema | `search_path` and `application_name` set to the schema |
+    //! | MySQL / MariaDB | a database | connected to that database |
+    //! | SQLite | a file in a new temporary directory | `PRAGMA busy_timeout`, then WAL |
+    //!
+    //! [`TestDatabase::cleanup`] drops it at the end of the test. A test that panicked
+    //! leaves its schema or database behind to be inspected, and the next run of the same
+    //! test drops it before starting; an SQLite file goes when the last clone of its
+    //! `TestDatabase` drops, panic or not.
+    //!
+    //! ```no_run
+    //! # #[cfg(feature = "postgres")] mod example {
+    //! use diesel_async::AsyncPgConnection;
+    //! use diesel_inbox::testing::{TestDatabase, select_i64};
+    //!
+    //! # async fn credit(_: &mut AsyncPgConnection, _: &str) -> diesel::QueryResult<()> { Ok(()) }
+    //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    //! let url = std::env::var("POSTGRES_URL")?;
+    //! let db = TestDatabase::postgres(&url, "credit_is_applied_once").await?;
+    //! let mut conn = db.connect().await?;
+    //! credit(&mut conn, "msg-1").await?;
+    //! credit(&mut conn, "msg-1").await?;
+    //! assert_eq!(select_i64(&mut conn, "SELECT COUNT(*) FROM inbox").await?, 1);
+    //! db.cleanup().await?;
+    //! # Ok(()) }
+    //! # }
+    //! ```
+
+    pub use inbox_runtime::testing::*;
 }

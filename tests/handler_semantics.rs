@@ -2,59 +2,30 @@
 //! body's writes to them are the parameters' own, and they drop once the transaction is
 //! over, after COMMIT or ROLLBACK. Checked on SQLite, from a second connection.
 
-#![cfg(feature = "sqlite")]
+#![cfg(all(feature = "sqlite", feature = "testing"))]
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use diesel::connection::SimpleConnection as _;
 use diesel::result::Error;
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection as _, RunQueryDsl as _};
+use diesel_async::SimpleAsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::TestDatabase;
 use diesel_inbox::{Outcome, idempotent};
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;
 
-/// A database file of the test's own, removed when the test ends.
-struct Db {
-    path: PathBuf,
-}
+type Db = TestDatabase<Conn>;
 
-impl Db {
-    async fn create(test: &str) -> (Self, Conn) {
-        let path = std::env::temp_dir().join(format!(
-            "diesel-inbox-semantics-{test}-{}.db",
-            std::process::id()
-        ));
-        let db = Self { path };
-        db.remove_files();
-        let mut conn = Conn::establish(db.url()).await.expect("open SQLite file");
-        conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;")
-            .await
-            .expect("configure SQLite");
-        diesel_inbox::migrate(&mut conn).await.expect("migrate");
-        (db, conn)
-    }
-
-    fn url(&self) -> &str {
-        self.path.to_str().expect("temp path is UTF-8")
-    }
-
-    fn remove_files(&self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut file = self.path.clone().into_os_string();
-            file.push(suffix);
-            let _ = std::fs::remove_file(file);
-        }
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        self.remove_files();
-    }
+/// A database file of the test's own, with a connection to it.
+async fn create(test: &str) -> (Db, Conn) {
+    let db = TestDatabase::sqlite(test)
+        .await
+        .expect("create the test database");
+    let conn = db.connect().await.expect("open SQLite file");
+    (db, conn)
 }
 
 /// What a parameter saw as it dropped.
@@ -73,7 +44,8 @@ struct Dropped {
 struct Delivery {
     name: &'static str,
     acked: bool,
-    db: PathBuf,
+    /// The test database's file.
+    db: String,
     drops: Arc<Mutex<Vec<Dropped>>>,
 }
 
@@ -82,7 +54,7 @@ impl Delivery {
         Self {
             name,
             acked: false,
-            db: db.path.clone(),
+            db: db.url().to_owned(),
             drops: Arc::clone(drops),
         }
     }
@@ -94,8 +66,7 @@ impl Delivery {
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        let url = self.db.to_str().expect("temp path is UTF-8");
-        let mut other = SqliteConnection::establish(url).expect("second connection");
+        let mut other = SqliteConnection::establish(&self.db).expect("second connection");
         let markers: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
             "(SELECT COUNT(*) FROM inbox)",
         ))
@@ -153,7 +124,7 @@ fn deliveries(db: &Db, drops: &Arc<Mutex<Vec<Dropped>>>) -> (Delivery, Delivery,
 
 #[tokio::test]
 async fn parameters_keep_the_bodys_writes_and_drop_after_commit() {
-    let (db, mut conn) = Db::create("commit").await;
+    let (db, mut conn) = create("commit").await;
     let drops = Arc::default();
     let (delivery, read, unused) = deliveries(&db, &drops);
     let outcome = ack(&mut conn, "m1", delivery, read, unused, false).await;
@@ -170,7 +141,7 @@ async fn parameters_keep_the_bodys_writes_and_drop_after_commit() {
 
 #[tokio::test]
 async fn parameters_drop_after_rollback() {
-    let (db, mut conn) = Db::create("rollback").await;
+    let (db, mut conn) = create("rollback").await;
     let drops = Arc::default();
     let (delivery, read, unused) = deliveries(&db, &drops);
     let outcome = ack(&mut conn, "m1", delivery, read, unused, true).await;
@@ -190,7 +161,7 @@ async fn parameters_drop_after_rollback() {
 
 #[tokio::test]
 async fn a_duplicate_drops_its_parameters_untouched_after_its_transaction() {
-    let (db, mut conn) = Db::create("duplicate").await;
+    let (db, mut conn) = create("duplicate").await;
     let first = Arc::default();
     let (delivery, read, unused) = deliveries(&db, &first);
     let outcome = ack(&mut conn, "m1", delivery, read, unused, false).await;

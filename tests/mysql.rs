@@ -1,6 +1,6 @@
 //! The MySQL/MariaDB suite: a database per test on the server named by `MYSQL_URL`.
 
-#![cfg(feature = "mysql")]
+#![cfg(all(feature = "mysql", feature = "testing"))]
 
 mod common;
 
@@ -8,61 +8,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::result::Error;
-use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 use tokio::sync::Notify;
 
 use common::{Credit, Gate, TestDb, bounded};
 
 #[derive(Clone)]
-struct MysqlDb {
-    server: String,
-    database: String,
-}
+struct MysqlDb(TestDatabase<AsyncMysqlConnection>);
 
-impl MysqlDb {
-    async fn create(test: &str) -> Option<Self> {
-        let url = common::server_url("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
-        let (server, _) = url
-            .rsplit_once('/')
-            .expect("MYSQL_URL ends with /<database>");
-        let db = Self {
-            server: server.to_owned(),
-            database: format!("inbox_test_{test}"),
-        };
-        db.admin(&format!(
-            "DROP DATABASE IF EXISTS {0}; CREATE DATABASE {0}",
-            db.database
-        ))
-        .await;
-        Some(db)
-    }
-
-    async fn admin(&self, sql: &str) {
-        let mut conn = AsyncMysqlConnection::establish(&format!("{}/mysql", self.server))
-            .await
-            .expect("connect to MySQL");
-        conn.batch_execute(sql)
-            .await
-            .expect("administer test database");
-    }
+/// The test's database, or `None` when the suite is skipped.
+async fn create(test: &str) -> Option<MysqlDb> {
+    let url = common::server_url("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
+    let db = TestDatabase::mysql(&url, test).await;
+    Some(MysqlDb(db.expect("create the test database")))
 }
 
 impl TestDb for MysqlDb {
     type Conn = AsyncMysqlConnection;
 
-    async fn connect(&self) -> Self::Conn {
-        AsyncMysqlConnection::establish(&format!("{}/{}", self.server, self.database))
-            .await
-            .expect("connect to MySQL")
-    }
-
-    async fn count(conn: &mut Self::Conn, sql: &str) -> Result<i64, Error> {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
-            "({sql})"
-        )))
-        .get_result(conn)
-        .await
+    fn database(&self) -> &TestDatabase<AsyncMysqlConnection> {
+        &self.0
     }
 
     async fn lock_waiters(&self) -> Option<i64> {
@@ -74,28 +41,23 @@ impl TestDb for MysqlDb {
                      WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
                      AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 50";
         let mut conn = self.connect().await;
-        Some(Self::count(&mut conn, query).await.expect("lock waits"))
-    }
-
-    async fn cleanup(self) {
-        self.admin(&format!("DROP DATABASE IF EXISTS {}", self.database))
-            .await;
+        Some(select_i64(&mut conn, query).await.expect("lock waits"))
     }
 }
 
-common_scenarios!(MysqlDb::create);
+common_scenarios!(create);
 
 impl MysqlDb {
     /// The server's id for this connection, as `KILL QUERY` takes it.
     async fn connection_id(conn: &mut AsyncMysqlConnection) -> i64 {
-        Self::count(conn, "SELECT CONNECTION_ID()")
+        select_i64(conn, "SELECT CONNECTION_ID()")
             .await
             .expect("connection id")
     }
 
     async fn inbox_rows(&self) -> i64 {
         let mut conn = self.connect().await;
-        Self::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .expect("count inbox")
     }
@@ -167,7 +129,7 @@ async fn blocker(db: &MysqlDb) -> AsyncMysqlConnection {
 /// commits its own. The victim's commit check must not take that marker for its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn swallowed_deadlock_is_not_reported_processed() {
-    let Some(db) = MysqlDb::create("swallowed_deadlock").await else {
+    let Some(db) = create("swallowed_deadlock").await else {
         return;
     };
     bounded(async {
@@ -218,7 +180,7 @@ async fn swallowed_deadlock_is_not_reported_processed() {
 /// deadlock's. Still transient, and the retry applies the message once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlock_in_a_nested_transaction_is_transient() {
-    let Some(db) = MysqlDb::create("nested_deadlock").await else {
+    let Some(db) = create("nested_deadlock").await else {
         return;
     };
     bounded(async {
@@ -282,7 +244,7 @@ async fn credit_with_ddl(
 /// work) or `Processed` (the work was not atomic).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ddl_in_the_body_is_reported_as_committed_early() {
-    let Some(db) = MysqlDb::create("ddl_in_body").await else {
+    let Some(db) = create("ddl_in_body").await else {
         return;
     };
     bounded(async {
@@ -318,12 +280,42 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
     db.cleanup().await;
 }
 
+/// DDL in the body commits the test transaction itself. The handler says so, and the
+/// connection is refused from then on rather than trusted to be in a test transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ddl_in_a_test_transaction_ends_it_and_says_so() {
+    let Some(db) = create("ddl_in_test_transaction").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        conn.begin_test_transaction().await.unwrap();
+        let error = credit_with_ddl(&mut conn, &Credit::new(0), false)
+            .await
+            .expect_err("the test transaction ended");
+        assert!(
+            error.to_string().contains("test transaction ended"),
+            "{error}"
+        );
+        let refused = common::credit(&mut conn, &Credit::new(1)).await;
+        assert!(
+            matches!(refused, Err(Error::BrokenTransactionManager)),
+            "{refused:?}"
+        );
+        // An open transaction's locks would hold up the DROP DATABASE.
+        drop(conn);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// At READ UNCOMMITTED a plain read sees another delivery's marker before it commits.
 /// The fast path must wait for that delivery instead, and never answer `Duplicate` for
 /// a marker that then rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fast_path_never_trusts_an_uncommitted_marker() {
-    let Some(db) = MysqlDb::create("read_uncommitted").await else {
+    let Some(db) = create("read_uncommitted").await else {
         return;
     };
     bounded(async {
@@ -349,7 +341,7 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
 /// for a copy that waited), and a lock wait timeout is still worth a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn localized_server_messages_are_recognised() {
-    let Some(db) = MysqlDb::create("localized_messages").await else {
+    let Some(db) = create("localized_messages").await else {
         return;
     };
     bounded(async {
@@ -396,7 +388,7 @@ async fn localized_server_messages_are_recognised() {
 /// an operator's `KILL QUERY` that cuts it short is worth a retry, never a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interrupted_waits_are_transient() {
-    let Some(db) = MysqlDb::create("interrupted_waits").await else {
+    let Some(db) = create("interrupted_waits").await else {
         return;
     };
     bounded(async {
@@ -456,7 +448,7 @@ async fn interrupted_waits_are_transient() {
 /// exactly one effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
-    let Some(db) = MysqlDb::create("three_way_deadlock").await else {
+    let Some(db) = create("three_way_deadlock").await else {
         return;
     };
     bounded(async {
@@ -529,7 +521,7 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
 #[cfg(feature = "retry")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_way_deadlock_through_the_retry_helper_is_exactly_once() {
-    let Some(db) = MysqlDb::create("retried_deadlock").await else {
+    let Some(db) = create("retried_deadlock").await else {
         return;
     };
     bounded(async {

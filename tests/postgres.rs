@@ -1,6 +1,6 @@
 //! The PostgreSQL suite: a schema per test on the server named by `POSTGRES_URL`.
 
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "testing"))]
 
 mod common;
 
@@ -9,94 +9,46 @@ use std::time::Duration;
 
 use diesel::result::Error;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 
 use common::{Credit, TestDb, bounded};
 
 #[derive(Clone)]
-struct PgDb {
-    url: String,
-    schema: String,
-}
+struct PgDb(TestDatabase<AsyncPgConnection>);
 
-impl PgDb {
-    async fn create(test: &str) -> Option<Self> {
-        let url = common::server_url("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
-        let db = Self {
-            url,
-            schema: format!("inbox_test_{test}"),
-        };
-        let mut admin = AsyncPgConnection::establish(&db.url)
-            .await
-            .expect("connect to PostgreSQL");
-        admin
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {0} CASCADE; CREATE SCHEMA {0};",
-                db.schema
-            ))
-            .await
-            .expect("create schema");
-        Some(db)
-    }
-
-    /// Names the test's connections after its schema, so that the server's activity
-    /// view can be filtered to them.
-    fn session_setup(&self) -> String {
-        format!(
-            "SET search_path TO {0}; SET application_name TO '{0}'",
-            self.schema
-        )
-    }
+/// The test's schema, or `None` when the suite is skipped.
+async fn create(test: &str) -> Option<PgDb> {
+    let url = common::server_url("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+    let db = TestDatabase::postgres(&url, test).await;
+    Some(PgDb(db.expect("create the test schema")))
 }
 
 impl TestDb for PgDb {
     type Conn = AsyncPgConnection;
 
-    async fn connect(&self) -> Self::Conn {
-        let mut conn = AsyncPgConnection::establish(&self.url)
-            .await
-            .expect("connect to PostgreSQL");
-        conn.batch_execute(&self.session_setup())
-            .await
-            .expect("set search_path");
-        conn
+    fn database(&self) -> &TestDatabase<AsyncPgConnection> {
+        &self.0
     }
 
-    async fn count(conn: &mut Self::Conn, sql: &str) -> Result<i64, Error> {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
-            "({sql})"
-        )))
-        .get_result(conn)
-        .await
-    }
-
+    /// The test's connections carry its schema's name as their `application_name`.
     async fn lock_waiters(&self) -> Option<i64> {
         let mut conn = self.connect().await;
         let query = format!(
             "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = '{}' \
              AND wait_event_type = 'Lock'",
-            self.schema
+            self.0.name()
         );
         Some(
-            Self::count(&mut conn, &query)
+            select_i64(&mut conn, &query)
                 .await
                 .expect("pg_stat_activity"),
         )
     }
-
-    async fn cleanup(self) {
-        let mut admin = AsyncPgConnection::establish(&self.url)
-            .await
-            .expect("connect to PostgreSQL");
-        admin
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
-            .await
-            .expect("drop schema");
-    }
 }
 
-common_scenarios!(PgDb::create);
+common_scenarios!(create);
 
 #[idempotent(consumer = "swallowing", key = credit.message_id.as_str())]
 async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
@@ -114,7 +66,7 @@ async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Res
 /// `Processed` must mean committed even when the body swallows an error.
 #[tokio::test]
 async fn swallowed_error_is_not_reported_processed() {
-    let Some(db) = PgDb::create("swallowed_error").await else {
+    let Some(db) = create("swallowed_error").await else {
         return;
     };
     common::create_tables(&db, 1).await;
@@ -125,7 +77,7 @@ async fn swallowed_error_is_not_reported_processed() {
     assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
     assert!(error.to_string().contains("rolled back"), "{error}");
     assert_eq!(
-        PgDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         0
@@ -137,6 +89,33 @@ async fn swallowed_error_is_not_reported_processed() {
         Outcome::Processed(())
     );
     assert_eq!(common::balances(&db, 1).await, vec![1]);
+    db.cleanup().await;
+}
+
+/// Inside a test transaction too: the swallowed error aborted the transaction, and the
+/// handler recovers the test transaction from its savepoint rather than leave it aborted.
+#[tokio::test]
+async fn swallowed_error_in_a_test_transaction_is_not_reported_processed() {
+    let Some(db) = create("swallowed_error_in_test").await else {
+        return;
+    };
+    common::create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    conn.begin_test_transaction().await.unwrap();
+    let error = swallowing_credit(&mut conn, &Credit::new(0))
+        .await
+        .expect_err("not committed");
+    assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+    assert!(error.to_string().contains("rolled back"), "{error}");
+    let markers = "SELECT COUNT(*) FROM inbox";
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 0);
+    assert_eq!(
+        common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 1);
+    // Its open transaction's locks would hold up the DROP SCHEMA.
+    drop(conn);
     db.cleanup().await;
 }
 
@@ -156,7 +135,7 @@ fn server_log() -> Option<String> {
 /// the server log per duplicate. A raw duplicate insert shows that the log is read.
 #[tokio::test]
 async fn duplicates_write_no_error_to_the_server_log() {
-    let Some(db) = PgDb::create("duplicates_no_error_log").await else {
+    let Some(db) = create("duplicates_no_error_log").await else {
         return;
     };
     if server_log().is_none() {
@@ -229,7 +208,7 @@ async fn slow_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<()
 /// A real deadlock (40P01, which diesel-async reports as `Unknown`) is transient.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlock_is_transient() {
-    let Some(db) = PgDb::create("deadlock").await else {
+    let Some(db) = create("deadlock").await else {
         return;
     };
     common::create_tables(&db, 2).await;
@@ -264,11 +243,11 @@ async fn deadlock_is_transient() {
 /// Handlers take pooled connections as they are.
 #[tokio::test]
 async fn pooled_connections_work() {
-    let Some(db) = PgDb::create("pooled").await else {
+    let Some(db) = create("pooled").await else {
         return;
     };
     common::create_tables(&db, 2).await;
-    let url = format!("{}?options=-csearch_path%3D{}", db.url, db.schema);
+    let url = db.0.url().to_owned();
 
     let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url.clone());
     let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager)
@@ -303,7 +282,7 @@ async fn pooled_connections_work() {
 /// retry, never a dead letter: the delivery being waited for may still roll back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn statement_timeout_on_the_marker_wait_is_transient() {
-    let Some(db) = PgDb::create("statement_timeout").await else {
+    let Some(db) = create("statement_timeout").await else {
         return;
     };
     bounded(async {
@@ -330,7 +309,7 @@ async fn statement_timeout_on_the_marker_wait_is_transient() {
 /// snapshot predates that marker. Transient, and the redelivery is the duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stricter_isolation_turns_the_waiting_duplicate_into_a_retry() {
-    let Some(db) = PgDb::create("stricter_isolation").await else {
+    let Some(db) = create("stricter_isolation").await else {
         return;
     };
     bounded(async {
@@ -383,13 +362,12 @@ where
 #[cfg(feature = "retry")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_connection_is_retried_on_a_new_one() {
-    let Some(db) = PgDb::create("lost_connection").await else {
+    let Some(db) = create("lost_connection").await else {
         return;
     };
     bounded(async {
         common::create_tables(&db, 1).await;
-        let url = format!("{}?options=-csearch_path%3D{}", db.url, db.schema);
-        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(url);
+        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(db.0.url());
         let pool = diesel_async::pooled_connection::deadpool::Pool::builder(manager)
             .max_size(1)
             .build()

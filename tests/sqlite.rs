@@ -1,85 +1,62 @@
 //! The SQLite suite: a database file per test, WAL, several connections.
 
-#![cfg(feature = "sqlite")]
+#![cfg(all(feature = "sqlite", feature = "testing"))]
 
 mod common;
-
-use std::path::PathBuf;
 
 use diesel::result::Error;
 use diesel::sqlite::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 
 use common::{Credit, TestDb, bounded};
 
+type Conn = SyncConnectionWrapper<SqliteConnection>;
+
 #[derive(Clone)]
 struct SqliteDb {
-    path: PathBuf,
+    database: TestDatabase<Conn>,
     /// Whether connections share one page cache, where `PRAGMA read_uncommitted` lets a
     /// connection read what the others have not committed.
     shared_cache: bool,
 }
 
-impl SqliteDb {
-    async fn create(test: &str) -> Option<Self> {
-        let path =
-            std::env::temp_dir().join(format!("diesel-inbox-{test}-{}.db", std::process::id()));
-        let db = Self {
-            path,
-            shared_cache: false,
-        };
-        db.remove_files();
-        Some(db)
-    }
-
-    fn remove_files(&self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut file = self.path.clone().into_os_string();
-            file.push(suffix);
-            let _ = std::fs::remove_file(file);
-        }
-    }
+/// The test's database file.
+async fn create(test: &str) -> Option<SqliteDb> {
+    let database = TestDatabase::sqlite(test).await;
+    Some(SqliteDb {
+        database: database.expect("create the test database"),
+        shared_cache: false,
+    })
 }
 
-impl common::TestDb for SqliteDb {
-    type Conn = SyncConnectionWrapper<SqliteConnection>;
+impl TestDb for SqliteDb {
+    type Conn = Conn;
 
-    async fn connect(&self) -> Self::Conn {
-        let path = self.path.to_str().expect("temp path is UTF-8");
-        let url = if self.shared_cache {
-            format!("file:{path}?cache=shared")
-        } else {
-            path.to_owned()
-        };
-        let mut conn = Self::Conn::establish(&url).await.expect("open SQLite file");
+    fn database(&self) -> &TestDatabase<Conn> {
+        &self.database
+    }
+
+    async fn connect(&self) -> Conn {
+        if !self.shared_cache {
+            return self.database.connect().await.expect("open SQLite file");
+        }
+        let url = format!("file:{}?cache=shared", self.database.url());
+        let mut conn = Conn::establish(&url).await.expect("open SQLite file");
         conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;")
             .await
             .expect("configure SQLite");
         conn
     }
 
-    async fn count(conn: &mut Self::Conn, sql: &str) -> Result<i64, diesel::result::Error> {
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
-            "({sql})"
-        )))
-        .get_result(conn)
-        .await
-    }
-
     async fn lock_waiters(&self) -> Option<i64> {
         None
     }
-
-    async fn cleanup(self) {
-        self.remove_files();
-    }
 }
 
-common_scenarios!(SqliteDb::create);
-
-type Conn = SyncConnectionWrapper<SqliteConnection>;
+common_scenarios!(create);
 
 /// Credits the account, then records a ledger entry that already exists with
 /// `OR ROLLBACK`: SQLite answers the constraint violation by rolling back the whole
@@ -101,7 +78,7 @@ async fn rollback_swallowing_credit(conn: &mut Conn, credit: &Credit) -> Result<
 /// under a body that swallowed the error.
 #[tokio::test]
 async fn swallowed_rollback_is_not_reported_processed() {
-    let Some(db) = SqliteDb::create("swallowed_rollback").await else {
+    let Some(db) = create("swallowed_rollback").await else {
         return;
     };
     bounded(async {
@@ -116,7 +93,7 @@ async fn swallowed_rollback_is_not_reported_processed() {
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
         assert!(error.to_string().contains("rolled back"), "{error}");
         assert_eq!(
-            SqliteDb::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+            select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
                 .await
                 .unwrap(),
             0
@@ -138,7 +115,7 @@ async fn swallowed_rollback_is_not_reported_processed() {
 /// that delivery may still roll back, and the message would be lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fast_path_never_trusts_an_uncommitted_marker() {
-    let Some(db) = SqliteDb::create("read_uncommitted").await else {
+    let Some(db) = create("read_uncommitted").await else {
         return;
     };
     let db = SqliteDb {

@@ -10,16 +10,17 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, ensure};
+use diesel_inbox::testing::TestDatabase;
 
-use crate::cli::{Backend, Plan};
+use crate::backend::Backend;
+use crate::cli::Plan;
 use crate::connection::{BenchConnection, connect};
-use crate::pgbench::{Pgbench, Script};
+use crate::pgbench::Pgbench;
 use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
 use crate::runner::{self, Run, Tally};
 use crate::setup;
-use crate::target::Target;
-use crate::variant::{Variant, count_label};
+use crate::variant::{Script, Variant, count_label};
 use crate::workload::{Workload, splitmix64};
 
 /// One variant at one consumer count.
@@ -104,18 +105,19 @@ pub fn median(sorted: &[f64]) -> Option<f64> {
     sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
-/// Measures every variant of `plan` on `target`, and with `pgbench` its reference rows.
+/// Measures every variant of `plan` on `db`, and with `pgbench` its reference rows.
 pub async fn run_backend<C: BenchConnection>(
-    target: &Target,
+    db: &TestDatabase<C>,
     plan: &Plan,
     pgbench: Option<&Pgbench>,
     progress: &Progress,
 ) -> anyhow::Result<BackendRun> {
     let began = Instant::now();
-    let mut admin: C = connect(target).await?;
+    let mut admin = connect(db).await?;
     setup::create_tables(&mut admin).await?;
     let server = probe::server_info(&mut admin).await?;
-    progress.note(format!("{}: {}", target.describe(), server.version));
+    let place = format!("{}, {}", C::BACKEND.name(), db.name());
+    progress.note(format!("{place}: {}", server.version));
     // Message ids must differ between measurements, and from any earlier run's.
     let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
     let mut measurement = 0;
@@ -131,7 +133,7 @@ pub async fn run_backend<C: BenchConnection>(
             let workload = variant.workload(seed(), plan.messages);
             setup::pre_mark(&mut admin, &workload).await?;
             let step = Step {
-                target,
+                db,
                 variant,
                 consumers,
                 round,
@@ -144,7 +146,7 @@ pub async fn run_backend<C: BenchConnection>(
                 setup::reset(&mut admin).await?;
                 let reference = Reference {
                     pgbench,
-                    target,
+                    url: db.url(),
                     script,
                     consumers,
                     round,
@@ -183,7 +185,7 @@ pub async fn run_backend<C: BenchConnection>(
         for (round, consumers) in plan.consumer_rounds() {
             let variant = Variant::Prefilled { rows };
             let step = Step {
-                target,
+                db,
                 variant,
                 consumers,
                 round,
@@ -203,27 +205,23 @@ pub async fn run_backend<C: BenchConnection>(
 }
 
 /// One measurement to take.
-struct Step<'a> {
-    target: &'a Target,
+struct Step<'a, C: BenchConnection> {
+    db: &'a TestDatabase<C>,
     variant: Variant,
     consumers: usize,
     round: u32,
     workload: Workload,
 }
 
-impl Step<'_> {
-    async fn measure<C: BenchConnection>(
-        self,
-        admin: &mut C,
-        progress: &Progress,
-    ) -> anyhow::Result<Measurement> {
+impl<C: BenchConnection> Step<'_, C> {
+    async fn measure(self, admin: &mut C, progress: &Progress) -> anyhow::Result<Measurement> {
         let name = step_name(C::BACKEND, self.consumers, self.variant);
         setup::checkpoint(admin).await?;
         let mut connections = Vec::with_capacity(self.consumers);
         for _ in 0..self.consumers {
-            connections.push(connect::<C>(self.target).await?);
+            connections.push(connect(self.db).await?);
         }
-        let probe = Probe::start(self.target, admin, &mut connections).await?;
+        let probe = Probe::start(self.db, admin, &mut connections).await?;
         let bar = progress.step(name.clone(), self.workload.deliveries);
         let (run, connections) =
             runner::drive(connections, self.variant, self.workload, &bar).await?;
@@ -264,7 +262,8 @@ impl Step<'_> {
 /// One pgbench reference measurement.
 struct Reference<'a> {
     pgbench: &'a Pgbench,
-    target: &'a Target,
+    /// The run's database, its schema in the URL's options.
+    url: &'a str,
     script: Script,
     consumers: usize,
     round: u32,
@@ -288,7 +287,7 @@ impl Reference<'_> {
         bar.set_message("(pgbench reports at the end)");
         let tps = self
             .pgbench
-            .run(self.target, self.script, self.consumers, per_client)
+            .run(self.url, self.script, self.consumers, per_client)
             .await
             .with_context(|| name.clone())?;
         let measurement = Measurement {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 
-use crate::pgbench::Script;
-use crate::variant::Variant;
+use crate::backend::Backend;
+use crate::variant::{Script, Variant};
 
 /// Measures what exactly-once costs: `#[idempotent]` against its alternatives, on
 /// PostgreSQL, MySQL/MariaDB and SQLite, at several consumer counts, in one run.
@@ -71,26 +71,6 @@ pub enum BackendChoice {
 /// The inbox sizes variant 7 runs at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prefill(Vec<u64>);
-
-/// The three databases the harness runs on, in report order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    Postgres,
-    Mysql,
-    Sqlite,
-}
-
-impl Backend {
-    pub const ALL: [Self; 3] = [Self::Postgres, Self::Mysql, Self::Sqlite];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Postgres => "PostgreSQL",
-            Self::Mysql => "MySQL/MariaDB",
-            Self::Sqlite => "SQLite",
-        }
-    }
-}
 
 /// What one run measures, with every default resolved.
 #[derive(Debug, Clone)]

@@ -20,11 +20,10 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{
     AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
-use diesel_inbox::InboxBackend;
 use diesel_inbox::schema::inbox;
+use diesel_inbox::testing::{TestConnection, TestDatabase};
 
-use crate::cli::Backend;
-use crate::target::Target;
+use crate::backend::Backend;
 
 pub type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
 
@@ -219,9 +218,7 @@ where
 
 /// A connection the harness can run every variant on: the shared statements plus what
 /// each backend spells differently.
-pub trait BenchConnection:
-    Statements + SimpleAsyncConnection + AsyncConnection<Backend: InboxBackend> + Send + 'static
-{
+pub trait BenchConnection: Statements + TestConnection {
     const BACKEND: Backend;
 
     /// Opens a serializable transaction that holds the write lock from its first
@@ -437,14 +434,9 @@ impl BenchConnection for SqliteConn {
 /// the COMMIT when the RELEASE fails.
 const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT";
 
-/// Opens a connection to the target's own schema, database or file.
-pub async fn connect<C: BenchConnection>(target: &Target) -> anyhow::Result<C> {
-    let (url, session) = target.connection();
-    let mut conn = C::establish(&url)
+/// Opens a connection to the run's own schema, database or file.
+pub async fn connect<C: BenchConnection>(db: &TestDatabase<C>) -> anyhow::Result<C> {
+    db.connect()
         .await
-        .with_context(|| format!("connect to {}", target.describe()))?;
-    if !session.is_empty() {
-        conn.batch_execute(&session).await?;
-    }
-    Ok(conn)
+        .with_context(|| format!("connect to {}, {}", C::BACKEND.name(), db.name()))
 }

@@ -3,29 +3,38 @@
 //! a Markdown report and an SVG chart. Run it with `cargo run --release -p inbox-bench`;
 //! `--help` lists the options.
 
-mod bench;
-mod chart;
+// Each layer uses only the layers before it.
+//
+// Plan: what to measure, resolved from the command line.
+mod backend;
 pub mod cli;
+mod variant;
+mod workload;
+// Run: the databases, their connections and the handlers that run on them.
 mod connection;
-mod machine;
+mod handlers;
 mod pgbench;
-mod probe;
-mod progress;
-mod report;
 mod runner;
 mod setup;
 mod target;
-mod variant;
-mod workload;
+// Measure: a backend's measurements in order, and what the machine and server did.
+mod bench;
+mod machine;
+mod probe;
+mod progress;
+// Report: the Markdown report and the chart.
+mod chart;
+mod report;
 
 use anyhow::bail;
-use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
+use diesel_inbox::testing::TestDatabase;
 
-pub use cli::{Args, Backend, Plan};
-pub use pgbench::Script;
-pub use variant::Variant;
+pub use backend::Backend;
+pub use cli::{Args, Plan};
+pub use variant::{Script, Variant};
 
-use crate::connection::SqliteConn;
+use crate::bench::BackendRun;
+use crate::connection::BenchConnection;
 use crate::machine::Machine;
 use crate::pgbench::Pgbench;
 use crate::progress::Progress;
@@ -39,7 +48,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
     for &backend in &plan.backends {
-        match Target::from_env(backend)? {
+        match Target::from_env(backend) {
             Ok(target) => targets.push(target),
             Err(reason) => skipped.push(reason),
         }
@@ -68,23 +77,20 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
 
     let mut runs = Vec::new();
     for target in targets {
-        target.create().await?;
-        let measured = match target.backend() {
-            Backend::Postgres => {
-                bench::run_backend::<AsyncPgConnection>(&target, plan, pgbench.as_ref(), &progress)
-                    .await
+        let name = target::place_name();
+        runs.push(match target {
+            Target::Postgres(url) => {
+                let db = TestDatabase::postgres(&url, &name).await?;
+                measure(db, plan, pgbench.as_ref(), &progress).await?
             }
-            Backend::Mysql => {
-                bench::run_backend::<AsyncMysqlConnection>(&target, plan, None, &progress).await
+            Target::Mysql(url) => {
+                let db = TestDatabase::mysql(&url, &name).await?;
+                measure(db, plan, None, &progress).await?
             }
-            Backend::Sqlite => {
-                bench::run_backend::<SqliteConn>(&target, plan, None, &progress).await
+            Target::Sqlite => {
+                measure(TestDatabase::sqlite(&name).await?, plan, None, &progress).await?
             }
-        };
-        // Clean up even after a failed measurement, but report the measurement's error.
-        let removed = target.remove().await;
-        runs.push(measured?);
-        removed?;
+        });
     }
     progress.finish();
 
@@ -96,4 +102,19 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
         plan.chart.display()
     );
     Ok(runs.iter().map(|run| run.backend).collect())
+}
+
+/// Measures on `db`, then drops it, also after a failed measurement, whose error it
+/// reports first.
+async fn measure<C: BenchConnection>(
+    db: TestDatabase<C>,
+    plan: &Plan,
+    pgbench: Option<&Pgbench>,
+    progress: &Progress,
+) -> anyhow::Result<BackendRun> {
+    let measured = bench::run_backend(&db, plan, pgbench, progress).await;
+    let removed = db.cleanup().await;
+    let run = measured?;
+    removed?;
+    Ok(run)
 }

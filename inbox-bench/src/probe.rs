@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use diesel_inbox::schema::INDEX_NAME;
+use diesel_inbox::testing::TestDatabase;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 use crate::connection::{BenchConnection, connect};
-use crate::target::Target;
 
 /// How often the consumers' PostgreSQL backends are sampled. Coarse enough to cost the
 /// 2-core machine little, fine enough for a few hundred samples per measurement.
@@ -141,7 +141,7 @@ struct Sampler {
 impl Probe {
     /// Reads the counters and, on PostgreSQL, starts sampling the consumers' backends.
     pub async fn start<C: BenchConnection>(
-        target: &Target,
+        db: &TestDatabase<C>,
         admin: &mut C,
         consumers: &mut [C],
     ) -> anyhow::Result<Self> {
@@ -163,7 +163,7 @@ impl Probe {
             }
             server_cpu = backends_cpu_time(&backend_pids);
             let (stop, stopped) = watch::channel(false);
-            let conn = connect::<C>(target).await?;
+            let conn = connect(db).await?;
             let task = tokio::spawn(sample_waits(conn, pid_list(&backend_pids), stopped));
             sampler = Some(Sampler { stop, task });
         }

@@ -6,11 +6,11 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+use crate::backend::Backend;
 use crate::bench::{self, BackendRun, Measurement};
-use crate::cli::{Backend, Plan};
+use crate::cli::Plan;
 use crate::machine::Machine;
-use crate::pgbench::Script;
-use crate::variant::{Variant, count_label};
+use crate::variant::{Script, Variant, count_label};
 
 /// The consumer count the targets are stated at.
 const TARGET_CONSUMERS: usize = 8;

@@ -17,6 +17,7 @@ use indicatif::ProgressBar;
 use tokio::sync::Barrier;
 
 use crate::connection::BenchConnection;
+use crate::handlers;
 use crate::variant::Variant;
 use crate::workload::Workload;
 
@@ -127,7 +128,7 @@ async fn consume<C: BenchConnection>(
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match variant.handle(conn, &delivery).await {
+            match handlers::handle(variant, conn, &delivery).await {
                 Ok(Outcome::Processed(())) => tally.processed += 1,
                 Ok(Outcome::Duplicate) => tally.duplicates += 1,
                 Err(error) if classify(&error).is_retryable() && attempts < MAX_ATTEMPTS => {

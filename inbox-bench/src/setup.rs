@@ -3,9 +3,9 @@
 use diesel_inbox::schema::INDEX_NAME;
 use indicatif::ProgressBar;
 
-use crate::cli::Backend;
+use crate::backend::Backend;
 use crate::connection::BenchConnection;
-use crate::variant::{DUPLICATED_CONSUMER, IDEMPOTENT_CONSUMER};
+use crate::handlers::{DUPLICATED_CONSUMER, IDEMPOTENT_CONSUMER};
 use crate::workload::{ACCOUNTS, Workload};
 
 /// Rows per statement when inserting generated values.
@@ -14,10 +14,9 @@ const VALUES_PER_STATEMENT: u64 = 1_000;
 /// enough that progress moves.
 const PREFILL_CHUNK: u64 = 1_000_000;
 
-/// The inbox (through the library), the accounts, and the naive handler's and the peer
-/// flow's tables.
+/// The accounts, and the naive handler's and the peer flow's tables, beside the inbox
+/// that the run's database was created with.
 pub async fn create_tables<C: BenchConnection>(conn: &mut C) -> anyhow::Result<()> {
-    diesel_inbox::migrate(conn).await?;
     conn.batch_execute(
         "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
          CREATE TABLE naive_inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(200) NOT NULL);

@@ -138,8 +138,9 @@ use quote::ToTokens;
 /// }
 /// ```
 ///
-/// `run` refuses a connection already inside a transaction, takes the fast path if it
-/// is on, then begins a transaction, inserts the marker (waiting for any transaction
+/// `run` refuses a connection already inside a transaction (but for a test transaction,
+/// where it sets a savepoint instead), takes the fast path if it is on, then begins a
+/// transaction, inserts the marker (waiting for any transaction
 /// that holds the same key), runs the body, checks that the database has not rolled the
 /// transaction back underneath it, and commits.
 ///

@@ -24,6 +24,9 @@ mod retention;
 #[cfg(feature = "retry")]
 mod retry;
 pub mod schema;
+mod test_transaction;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;

@@ -14,6 +14,7 @@ use crate::fast_path::{DuplicateShare, FastPath};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::registry::RegisteredHandler;
+use crate::test_transaction;
 
 /// One `#[idempotent]` handler as [`run`] sees it: its registration, and the recent
 /// outcomes its adaptive fast path goes by.
@@ -111,7 +112,7 @@ impl<T, E> HandlerResult for Result<T, E> {
 }
 
 /// Why a call ended without committing.
-enum Stop<E> {
+pub(crate) enum Stop<E> {
     Duplicate,
     Database(Error),
     Handler(E),
@@ -134,7 +135,9 @@ impl<E> From<InvalidKey> for Stop<E> {
 ///
 /// 1. Refuses a connection that is already inside a transaction or whose transaction
 ///    state is unknown: committing there would not be a real commit, so
-///    [`Outcome::Processed`] would be a lie.
+///    [`Outcome::Processed`] would be a lie. Inside a test transaction
+///    (`begin_test_transaction`) and nothing else, the call runs on a savepoint instead
+///    of a transaction of its own.
 /// 2. When `fast_path` says to read first, a committed marker returns
 ///    [`Outcome::Duplicate`] without a transaction.
 /// 3. In one transaction: inserts the marker (waiting for any transaction that holds the
@@ -236,23 +239,39 @@ where
         message_id: message_id?,
         consumer,
     };
-    ensure_outside_transaction(conn)?;
+    let enclosing = enclosing_transaction(conn)?;
     if read_first && C::Backend::already_processed(conn, &marker).await? {
         return Err(Stop::Duplicate);
     }
+    match enclosing {
+        Enclosing::Nothing => process_in_own_transaction(conn, &marker, body).await,
+        Enclosing::TestTransaction => test_transaction::process(conn, &marker, body).await,
+    }
+}
+
+async fn process_in_own_transaction<C, T, E, F>(
+    conn: &mut C,
+    marker: &Marker,
+    body: F,
+) -> Result<T, Stop<E>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
+{
     // Driven through the transaction manager rather than `AsyncConnection::transaction`,
     // which requires the closure's future to be `Send` for every lifetime: rustc cannot
     // prove that for concrete connection types (rust-lang/rust#100013), and a handler
     // must be spawnable whenever its body is.
     C::TransactionManager::begin_transaction(conn).await?;
-    match C::Backend::insert_marker(conn, &marker).await {
+    match C::Backend::insert_marker(conn, marker).await {
         Ok(true) => {}
         Ok(false) => return Err(roll_back(conn, Stop::Duplicate).await),
         Err(error) => return Err(roll_back(conn, Stop::Database(error)).await),
     }
     match body(&mut *conn).await {
         Ok(value) => {
-            C::Backend::commit(conn, &marker).await?;
+            C::Backend::commit(conn, marker).await?;
             Ok(value)
         }
         Err(error) => match C::Backend::abandon(conn).await {
@@ -276,7 +295,19 @@ where
     }
 }
 
-fn ensure_outside_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Error> {
+/// The transaction a call finds its connection in, where it can run.
+enum Enclosing {
+    Nothing,
+    /// Opened by `begin_test_transaction`, and nothing open inside it.
+    TestTransaction,
+}
+
+/// Refuses a connection inside any other transaction, or whose transaction state is
+/// unknown.
+fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
+    if test_transaction::is_open(conn) {
+        return Ok(Enclosing::TestTransaction);
+    }
     let status = C::TransactionManager::transaction_manager_status_mut(conn);
     if status.transaction_depth()?.is_some() {
         return Err(Error::AlreadyInTransaction);
@@ -285,5 +316,5 @@ fn ensure_outside_transaction<C: AsyncConnection>(conn: &mut C) -> Result<(), Er
     if C::TransactionManager::is_broken_transaction_manager(conn) {
         return Err(Error::BrokenTransactionManager);
     }
-    Ok(())
+    Ok(Enclosing::Nothing)
 }

@@ -12,25 +12,41 @@ use std::time::Duration;
 use diesel::connection::InstrumentationEvent;
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
 
-/// A database a test has to itself.
+/// A database a test has to itself, and what its suite knows about the backend.
 pub trait TestDb: Clone + Send + Sync + 'static {
-    type Conn: AsyncConnection<Backend: InboxBackend> + 'static;
+    type Conn: TestConnection;
 
-    fn connect(&self) -> impl Future<Output = Self::Conn> + Send;
-
-    /// Runs a query returning one integer, such as `SELECT COUNT(*) …`.
-    fn count(conn: &mut Self::Conn, sql: &str) -> impl Future<Output = Result<i64, Error>> + Send;
+    /// The test's own schema, database or file, with the inbox migrated.
+    fn database(&self) -> &TestDatabase<Self::Conn>;
 
     /// How many connections of this test are waiting for another transaction's lock,
     /// where the database can tell (SQLite waits inside its busy handler, out of sight).
     fn lock_waiters(&self) -> impl Future<Output = Option<i64>> + Send;
 
+    fn connect(&self) -> impl Future<Output = Self::Conn> + Send {
+        async {
+            self.database()
+                .connect()
+                .await
+                .expect("connect to the test database")
+        }
+    }
+
     /// Drops what the test created. A test that panicked leaves its database behind; the
     /// next run of the same test drops it before starting.
-    fn cleanup(self) -> impl Future<Output = ()> + Send;
+    fn cleanup(self) -> impl Future<Output = ()> + Send {
+        async move {
+            self.database()
+                .clone()
+                .cleanup()
+                .await
+                .expect("remove the test database")
+        }
+    }
 }
 
 /// Reads the URL of a server suite, or says once why the suite is skipped.
@@ -141,7 +157,7 @@ pub async fn naive_credit<D: TestDb>(
     conn: &mut D::Conn,
     credit: &Credit,
 ) -> Result<Outcome<()>, Error> {
-    let seen = D::count(
+    let seen = select_i64(
         conn,
         &format!(
             "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
@@ -165,9 +181,9 @@ pub async fn naive_credit<D: TestDb>(
     Ok(Outcome::Processed(()))
 }
 
+/// The business tables, beside the inbox the test database was created with.
 pub async fn create_tables<D: TestDb>(db: &D, accounts: i64) {
     let mut conn = db.connect().await;
-    diesel_inbox::migrate(&mut conn).await.expect("migrate");
     conn.batch_execute(
         "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
          CREATE TABLE naive_inbox (message_id VARCHAR(100) NOT NULL);
@@ -190,7 +206,7 @@ pub async fn balances<D: TestDb>(db: &D, n: i64) -> Vec<i64> {
     let mut all = Vec::new();
     for id in 0..n {
         all.push(
-            D::count(
+            select_i64(
                 &mut conn,
                 &format!("SELECT balance FROM accounts WHERE id = {id}"),
             )
@@ -465,7 +481,7 @@ pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
         "business write rolled back"
     );
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         0,
@@ -540,7 +556,7 @@ pub async fn business_unique_violation_is_not_a_duplicate<D: TestDb>(db: D) {
         .expect_err("ledger entry exists");
     assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         1
@@ -591,8 +607,86 @@ pub async fn savepoint_in_the_body_isolates_a_failed_statement<D: TestDb>(db: D)
     assert_eq!(balances(&db, 1).await, vec![2]);
     for (table, rows) in [("inbox", 2), ("ledger", 1)] {
         let query = format!("SELECT COUNT(*) FROM {table}");
-        assert_eq!(D::count(&mut conn, &query).await.unwrap(), rows, "{table}");
+        assert_eq!(
+            select_i64(&mut conn, &query).await.unwrap(),
+            rows,
+            "{table}"
+        );
     }
+}
+
+/// Inside `begin_test_transaction`, as diesel users isolate tests, a handler runs on a
+/// savepoint: processed, duplicate and failed calls leave what they would outside, a
+/// failed statement in the body (which aborts a PostgreSQL transaction) leaves the test
+/// transaction usable, and nothing is ever committed. Any other open transaction is
+/// still refused.
+pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
+    create_tables(&db, 2).await;
+    let mut conn = db.connect().await;
+    conn.begin_test_transaction().await.unwrap();
+    let (first, second) = (Credit::new(0), Credit::new(1));
+    assert_eq!(
+        credit(&mut conn, &first).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(credit(&mut conn, &first).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(
+        credit_reading_first(&mut conn, &first).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    let failed = gated_credit(&mut conn, &second, &Gate::new(false, true)).await;
+    assert!(
+        matches!(failed, Err(Error::RollbackTransaction)),
+        "{failed:?}"
+    );
+    let markers = "SELECT COUNT(*) FROM inbox";
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 1);
+    assert_eq!(
+        credit(&mut conn, &second).await.unwrap(),
+        Outcome::Processed(())
+    );
+
+    // Both messages credit account 7's single ledger entry: the second's insert fails.
+    let ledger = |n| Credit {
+        message_id: format!("ledger-{n}"),
+        account: 7,
+    };
+    assert_eq!(
+        record_in_ledger(&mut conn, &ledger(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    let error = record_in_ledger(&mut conn, &ledger(1))
+        .await
+        .expect_err("ledger entry exists");
+    assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
+    assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 3);
+    let credited_once = "SELECT COUNT(*) FROM accounts WHERE balance = 1";
+    assert_eq!(select_i64(&mut conn, credited_once).await.unwrap(), 2);
+
+    let nested = conn
+        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .await;
+    assert!(
+        matches!(nested, Err(Error::AlreadyInTransaction)),
+        "a transaction inside the test transaction is refused: {nested:?}"
+    );
+    let mut other = db.connect().await;
+    let refused = other
+        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::AlreadyInTransaction)),
+        "an ordinary transaction is refused: {refused:?}"
+    );
+
+    drop(conn);
+    assert_eq!(
+        select_i64(&mut other, markers).await.unwrap(),
+        0,
+        "nothing of the test transaction is committed"
+    );
+    assert_eq!(balances(&db, 2).await, vec![0, 0]);
 }
 
 /// A raw second insert of the same marker is recognised by its index.
@@ -635,7 +729,7 @@ pub async fn invalid_keys_are_rejected_before_writing<D: TestDb>(db: D) {
         Outcome::Processed(())
     );
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         1
@@ -666,7 +760,7 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     assert!(matches!(error, Error::AlreadyInTransaction), "{error:?}");
     assert_eq!(classify(&error), ErrorClass::ConnectionUnusable);
     let mut observer = db.connect().await;
-    let committed = D::count(&mut observer, "SELECT COUNT(*) FROM inbox")
+    let committed = select_i64(&mut observer, "SELECT COUNT(*) FROM inbox")
         .await
         .unwrap();
     assert_eq!(committed, 0, "nothing of the dropped handler is committed");
@@ -752,7 +846,7 @@ where
         |prefix: &str| format!("SELECT COUNT(*) FROM inbox WHERE message_id LIKE '{prefix}-%'");
     for (prefix, expected) in [("old", 0), ("outside", 0), ("inside", 1), ("new", 10)] {
         assert_eq!(
-            D::count(&mut conn, &left(prefix)).await.unwrap(),
+            select_i64(&mut conn, &left(prefix)).await.unwrap(),
             expected,
             "{prefix}"
         );
@@ -801,7 +895,7 @@ where
     }
     assert_eq!(total, 20_000);
     assert_eq!(
-        D::count(&mut conn, "SELECT COUNT(*) FROM inbox")
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
             .unwrap(),
         100
@@ -847,6 +941,10 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
                 && statement.is(&query.to_string())
             {
                 seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Holds the statement back a little: SQLite runs it on a blocking thread,
+                // which could otherwise finish it before the handler's poll returns, and
+                // the handler would complete in that same poll.
+                std::thread::sleep(Duration::from_millis(20));
             }
         });
         // The body fails where the ROLLBACK is the statement to cancel at.
@@ -895,9 +993,9 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
         // The server may still be finishing the dropped connection's statement; either
         // way, marker and effect are committed together or not at all.
         for _ in 0..20 {
-            let committed = D::count(&mut fresh, &markers).await.unwrap();
+            let committed = select_i64(&mut fresh, &markers).await.unwrap();
             assert_eq!(
-                D::count(&mut fresh, &balance).await.unwrap(),
+                select_i64(&mut fresh, &balance).await.unwrap(),
                 committed,
                 "{statement:?}: half committed"
             );
@@ -909,7 +1007,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
             "{statement:?}: {redelivered:?}"
         );
         assert_eq!(
-            D::count(&mut fresh, &balance).await.unwrap(),
+            select_i64(&mut fresh, &balance).await.unwrap(),
             1,
             "{statement:?}"
         );
@@ -917,6 +1015,12 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
 }
 
 pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
+    // The test database comes migrated; the race is about creating the table.
+    db.connect()
+        .await
+        .batch_execute("DROP TABLE inbox")
+        .await
+        .expect("drop the inbox");
     let db = Arc::new(db);
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -1043,6 +1147,7 @@ macro_rules! common_scenarios {
             consumers_are_independent,
             business_unique_violation_is_not_a_duplicate,
             savepoint_in_the_body_isolates_a_failed_statement,
+            handlers_run_inside_a_test_transaction,
             inbox_unique_violation_is_classified,
             invalid_keys_are_rejected_before_writing,
             cancelled_handler_never_half_commits,

@@ -63,7 +63,6 @@ impl<DB: diesel::backend::Backend + sealed::Sealed> InboxBackend for DB {}
 /// The transaction the marker was inserted in is gone: the database rolled it back (a
 /// MySQL deadlock does this, a PostgreSQL error aborts it) and the handler carried on
 /// past the error. Nothing of it can commit, so the message must be redelivered.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn rolled_back_underneath() -> diesel::result::Error {
     diesel::result::Error::DatabaseError(
         diesel::result::DatabaseErrorKind::SerializationFailure,

@@ -1,0 +1,192 @@
+//! The credit handler each variant runs.
+//!
+//! Every handler makes the same business change, [`Statements::credit`], and reports
+//! whether it applied it ([`Outcome::Processed`]) or found the message already
+//! processed ([`Outcome::Duplicate`]).
+//!
+//! [`Statements::credit`]: crate::connection::Statements::credit
+
+use diesel::QueryResult;
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel_inbox::{Outcome, idempotent};
+
+use crate::connection::BenchConnection;
+use crate::variant::Variant;
+use crate::workload::Delivery;
+
+/// The consumer of [`idempotent_credit`]. The attribute needs a literal, so it is spelled
+/// there too; the pre-filled rows that variant 7 relies on use this constant.
+pub const IDEMPOTENT_CONSUMER: &str = "bench-credit";
+/// The consumer of [`duplicated_credit`], spelled out for the rows variant 5 pre-marks.
+/// It is not [`IDEMPOTENT_CONSUMER`]: a handler's adaptive fast path goes by its recent
+/// duplicates, and a replay must not make the measurements after it read first. The
+/// runner fails a measurement whose duplicates do not show up.
+pub const DUPLICATED_CONSUMER: &str = "bench-credit-duplicated";
+const NAIVE_CONSUMER: &str = "bench-naive";
+const HAND_WRITTEN_CONSUMER: &str = "bench-hand-written";
+const PEER_CONSUMER: &str = "bench-peer";
+
+/// Handles one delivery as `variant` does.
+pub async fn handle<C: BenchConnection>(
+    variant: Variant,
+    conn: &mut C,
+    delivery: &Delivery,
+) -> QueryResult<Outcome<()>> {
+    match variant {
+        Variant::Bare => bare(conn, delivery).await,
+        Variant::Naive => naive(conn, delivery).await,
+        Variant::HandWritten => hand_written(conn, delivery).await,
+        Variant::Idempotent | Variant::Prefilled { .. } => idempotent_credit(conn, delivery).await,
+        Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
+        Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
+        Variant::PeerFlow => peer_flow(conn, delivery).await,
+        Variant::Pgbench(_) => unreachable!("pgbench runs its script on connections of its own"),
+    }
+}
+
+/// (1) The ceiling: the credit in a transaction of its own, no inbox at all.
+async fn bare<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryResult<Outcome<()>> {
+    let account = delivery.account;
+    conn.transaction(async move |conn| conn.credit(account, 1).await)
+        .await?;
+    Ok(Outcome::Processed(()))
+}
+
+/// (2) What most people write first. The look-up runs before the transaction and nothing
+/// is unique, so two concurrent copies of a message can both be applied. The table has a
+/// plain index, so the look-up costs what the inbox's does.
+async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    if conn.naive_seen(message_id.clone(), NAIVE_CONSUMER).await? {
+        return Ok(Outcome::Duplicate);
+    }
+    let account = delivery.account;
+    conn.transaction(async move |conn| {
+        conn.naive_record(message_id, NAIVE_CONSUMER).await?;
+        conn.credit(account, 1).await
+    })
+    .await?;
+    Ok(Outcome::Processed(()))
+}
+
+/// (3) The statements `#[idempotent]` issues for a new message, in its order. With
+/// unique keys its adaptive fast path never reads first, so neither does this: BEGIN, the
+/// marker insert (on MySQL and SQLite followed by the savepoint, and on MySQL the
+/// marker's id, in one round trip), the credit, then the backend's checked commit in one
+/// round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …;
+/// COMMIT`). A duplicate or an error rolls back. Transaction control is raw SQL because
+/// the library's commit is not `AsyncConnection::transaction`'s.
+async fn hand_written<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    // What the library's transaction manager sends on every backend.
+    conn.batch_execute("BEGIN").await?;
+    let attempt = async {
+        if !conn
+            .insert_marker(message_id.clone(), HAND_WRITTEN_CONSUMER)
+            .await?
+        {
+            return Ok(Outcome::Duplicate);
+        }
+        conn.credit(delivery.account, 1).await?;
+        conn.commit_checked(message_id, HAND_WRITTEN_CONSUMER)
+            .await?;
+        Ok(Outcome::Processed(()))
+    }
+    .await;
+    match attempt {
+        Ok(Outcome::Duplicate) => {
+            conn.batch_execute("ROLLBACK").await?;
+            Ok(Outcome::Duplicate)
+        }
+        Ok(processed) => Ok(processed),
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
+}
+
+/// (4) and (7).
+#[idempotent(consumer = "bench-credit", key = delivery.message_id)]
+async fn idempotent_credit<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (5).
+#[idempotent(consumer = "bench-credit-duplicated", key = delivery.message_id)]
+async fn duplicated_credit<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (4b).
+#[idempotent(
+    consumer = "bench-credit-read-first",
+    key = delivery.message_id,
+    fast_path = true
+)]
+async fn idempotent_credit_reading_first<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (6) The flow of MassTransit's Entity Framework Core inbox, on a table like its
+/// `InboxState`: a first transaction records the delivery and commits; a second,
+/// serializable one locks that row (`SELECT … FOR UPDATE`), runs the handler and marks the
+/// row consumed. The second transaction is opened with raw SQL because its isolation
+/// level is spelled differently on each backend.
+async fn peer_flow<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> QueryResult<Outcome<()>> {
+    let message_id = delivery.message_id.to_string();
+    let received = message_id.clone();
+    let recorded = conn
+        .transaction(async move |conn| conn.peer_insert(received, PEER_CONSUMER).await)
+        .await;
+    match recorded {
+        // A retry after the second transaction failed finds the row already recorded.
+        Ok(_) | Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+        Err(error) => return Err(error),
+    }
+
+    conn.batch_execute(C::BEGIN_SERIALIZABLE).await?;
+    let attempt = async {
+        match conn
+            .lock_peer_row(message_id.clone(), PEER_CONSUMER)
+            .await?
+        {
+            Some(false) => {}
+            Some(true) => return Ok(Outcome::Duplicate),
+            None => return Err(Error::NotFound),
+        }
+        conn.credit(delivery.account, 1).await?;
+        conn.consume_peer_row(message_id, PEER_CONSUMER).await?;
+        Ok(Outcome::Processed(()))
+    }
+    .await;
+    match attempt {
+        Ok(outcome) => match conn.batch_execute("COMMIT").await {
+            Ok(()) => Ok(outcome),
+            Err(error) => Err(roll_back_for(conn, error).await),
+        },
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
+}
+
+/// Rolls back the transaction `error` ended, and returns `error`: it explains more than a
+/// failed ROLLBACK after it (or one with no transaction left to end).
+async fn roll_back_for<C: BenchConnection>(conn: &mut C, error: Error) -> Error {
+    let _already_over = conn.batch_execute("ROLLBACK").await;
+    error
+}
