@@ -241,6 +241,8 @@ mod tests {
             "Lost connection to server during query",
             "MySQL server has gone away",
             "Input/output error: broken pipe",
+            // Galera 1047: this node has left the primary component.
+            "WSREP has not yet prepared node for application use",
         ] {
             assert_eq!(
                 unknown(message),

@@ -27,11 +27,22 @@ macro_rules! savepoint {
 }
 pub(super) use savepoint;
 
-const RELEASE_AND_COMMIT: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT");
-const RELEASE_AND_ROLLBACK: &str = concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
-
 /// A backend whose commit check is the savepoint.
 pub(super) trait SavepointBackend: Sealed {
+    /// `RELEASE SAVEPOINT …; COMMIT`, then whatever restores the session.
+    const RELEASE_AND_COMMIT: &'static str;
+
+    /// `RELEASE SAVEPOINT …; ROLLBACK`, then whatever restores the session.
+    const RELEASE_AND_ROLLBACK: &'static str;
+
+    /// Restores what the marker insert changed in the session, once the transaction is
+    /// over by another way than the two batches above.
+    fn restore_session<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
+    where
+        C: AsyncConnection<Backend = Self>;
+
     /// Once the savepoint was found gone and the transaction manager has been brought
     /// back outside a transaction: whether this call's marker is committed, which only
     /// an early commit does. A rollback leaves no marker of this call, though another
@@ -48,14 +59,14 @@ pub(super) async fn commit<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    match conn.batch_execute(RELEASE_AND_COMMIT).await {
+    match conn.batch_execute(C::Backend::RELEASE_AND_COMMIT).await {
         Ok(()) => leave_transaction(conn),
         Err(error) if names_the_savepoint(&error) => Err(match ended_early(conn).await {
             Ok(true) => committed_early(),
             Ok(false) => rolled_back_underneath(),
             Err(unknown) => unknown,
         }),
-        Err(error) => Err(roll_back_for(conn, error).await),
+        Err(error) => Err(roll_back_and_restore(conn, error).await),
     }
 }
 
@@ -64,7 +75,7 @@ pub(super) async fn abandon<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    match conn.batch_execute(RELEASE_AND_ROLLBACK).await {
+    match conn.batch_execute(C::Backend::RELEASE_AND_ROLLBACK).await {
         Ok(()) => leave_transaction(conn),
         Err(error) if names_the_savepoint(&error) => {
             if ended_early(conn).await? {
@@ -74,13 +85,25 @@ where
                 Ok(())
             }
         }
-        Err(error) => Err(roll_back_for(conn, error).await),
+        Err(error) => Err(roll_back_and_restore(conn, error).await),
     }
 }
 
+/// Rolls back the transaction that `error` ended the use of, restores the session, and
+/// returns `error`, which explains more than a failure of either.
+async fn roll_back_and_restore<C>(conn: &mut C, error: Error) -> Error
+where
+    C: AsyncConnection<Backend: SavepointBackend>,
+{
+    let error = roll_back_for(conn, error).await;
+    let _explained_by_error = C::Backend::restore_session(conn).await;
+    error
+}
+
 /// The transaction ended before the handler returned. Brings the transaction manager
-/// back outside a transaction (the ROLLBACK finds none to end, or ends one the body
-/// opened against the contract), then says whether this call's marker was committed.
+/// back outside a transaction (the ROLLBACK finds none to end, or ends the one that the
+/// statements after the end opened), restores the session, then says whether this
+/// call's marker was committed.
 async fn ended_early<C>(conn: &mut C) -> QueryResult<bool>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
@@ -92,6 +115,7 @@ where
         Ok(()) | Err(Error::NotInTransaction) => {}
         Err(error) => return Err(error),
     }
+    C::Backend::restore_session(conn).await?;
     C::Backend::own_marker_committed(conn).await
 }
 

@@ -133,6 +133,21 @@ mod imp {
     }
 
     impl SavepointBackend for Sqlite {
+        const RELEASE_AND_COMMIT: &'static str =
+            concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT");
+        const RELEASE_AND_ROLLBACK: &'static str =
+            concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
+
+        /// The marker insert changes nothing in the session.
+        fn restore_session<'c, C>(
+            _conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            std::future::ready(Ok(()))
+        }
+
         fn own_marker_committed<'c, C>(
             _conn: &'c mut C,
         ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>

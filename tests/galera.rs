@@ -1,0 +1,396 @@
+//! The cluster suite: exactly once across a three-node MariaDB Galera cluster, where a
+//! transaction on one node does not wait for the same key on another, and certification
+//! aborts the loser at its commit, or mid-body.
+//!
+//! `GALERA_URLS` names the three nodes (`scripts/galera.sh start` starts them on
+//! 127.0.0.1:3311–3313); `GALERA_MESSAGES` sets how many messages the races deliver
+//! (default 30; `.ci/run` keeps the default, the long run is in the README).
+
+#![cfg(all(feature = "mysql", feature = "testing", feature = "retry"))]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestDatabase, select_i64};
+use diesel_inbox::{ErrorClass, Outcome, RetryPolicy, classify, idempotent, retry};
+use tokio::sync::{Barrier, Notify};
+
+use common::{Credit, TestDb, bounded};
+
+/// The test's database, created through node 1 and replicated to the others.
+#[derive(Clone)]
+struct Cluster {
+    db: TestDatabase<AsyncMysqlConnection>,
+    /// Each node's server URL, without a database.
+    servers: Vec<String>,
+}
+
+/// One cluster test at a time: one of them kills a node, which the others would feel.
+/// (cargo-nextest, which runs each test in a process of its own, serialises them with
+/// the `galera` test group in `.config/nextest.toml`.)
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn create(test: &str) -> Option<Cluster> {
+    let urls = common::server_url(
+        "GALERA_URLS",
+        "mysql://root@127.0.0.1:3311/test,mysql://root@127.0.0.1:3312/test,mysql://root@127.0.0.1:3313/test",
+    )?;
+    let servers: Vec<String> = urls
+        .split(',')
+        .map(|url| {
+            let (server, _database) = url.rsplit_once('/').expect("a URL ends with /<database>");
+            server.to_owned()
+        })
+        .collect();
+    assert_eq!(servers.len(), 3, "GALERA_URLS names three nodes");
+    let db = TestDatabase::mysql(&format!("{}/test", servers[0]), &format!("galera_{test}"))
+        .await
+        .expect("create the test database on the cluster");
+    Some(Cluster { db, servers })
+}
+
+impl Cluster {
+    /// A connection to node `n` (0, 1 or 2).
+    async fn node(&self, n: usize) -> Result<AsyncMysqlConnection, diesel::ConnectionError> {
+        let url = format!("{}/{}", self.servers[n % 3], self.db.name());
+        AsyncMysqlConnection::establish(&url).await
+    }
+}
+
+impl TestDb for Cluster {
+    type Conn = AsyncMysqlConnection;
+
+    fn database(&self) -> &TestDatabase<AsyncMysqlConnection> {
+        &self.db
+    }
+
+    /// Nodes do not wait for each other's keys: nothing to watch.
+    async fn lock_waiters(&self) -> Option<i64> {
+        None
+    }
+
+    /// A connection to node 1 whose reads wait until the node has applied everything the
+    /// cluster committed before them (`wsrep_sync_wait`): the checks read what the
+    /// handlers committed on any node, not a node's lagging view of it.
+    async fn connect(&self) -> AsyncMysqlConnection {
+        let mut conn = self.node(0).await.expect("connect to node 1");
+        conn.batch_execute("SET SESSION wsrep_sync_wait = 1")
+            .await
+            .expect("causal reads");
+        conn
+    }
+}
+
+fn messages() -> i64 {
+    std::env::var("GALERA_MESSAGES").map_or(30, |n| n.parse().expect("GALERA_MESSAGES is a number"))
+}
+
+/// Where a delivery stops inside its body until released, and whether it then carries
+/// on past a failed statement.
+#[derive(Default)]
+struct Hold {
+    entered: Notify,
+    release: Notify,
+    swallow: bool,
+}
+
+#[idempotent(consumer = "cluster-credit", key = credit.message_id.as_str(), fast_path = false)]
+async fn cluster_credit(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    hold: Option<&Hold>,
+) -> Result<(), Error> {
+    conn.batch_execute(&format!(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+        credit.account
+    ))
+    .await?;
+    if let Some(hold) = hold {
+        hold.entered.notify_one();
+        hold.release.notified().await;
+        if hold.swallow {
+            // A brute-force abort by another node's commit surfaces here; this handler
+            // ignores it.
+            let _ignored = conn
+                .batch_execute("UPDATE accounts SET balance = balance WHERE id = 0")
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// A holds its marker on node 1 inside its body while B commits the same key on node 2:
+/// B does not wait, and certification aborts A. A must end in a transient error, never
+/// `Processed`, also when its body swallows the abort; its retry is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loser_across_nodes_is_transient_never_processed() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("forced_overlap").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&cluster, 2).await;
+        for (n, swallow) in [(0_i64, false), (1, true)] {
+            let message = Credit::new(n);
+            let hold = Arc::new(Hold {
+                swallow,
+                ..Hold::default()
+            });
+            let mut on_node_1 = cluster.node(0).await.unwrap();
+            let first = tokio::spawn({
+                let (hold, message) = (Arc::clone(&hold), message.clone());
+                async move { cluster_credit(&mut on_node_1, &message, Some(&hold)).await }
+            });
+            hold.entered.notified().await;
+            let mut on_node_2 = cluster.node(1).await.unwrap();
+            assert_eq!(
+                cluster_credit(&mut on_node_2, &message, None)
+                    .await
+                    .unwrap(),
+                Outcome::Processed(()),
+                "B on node 2 does not wait for A on node 1"
+            );
+            hold.release.notify_one();
+            let error = first
+                .await
+                .unwrap()
+                .expect_err("certification aborts A, which committed nothing");
+            assert_eq!(
+                classify(&error),
+                ErrorClass::Transient,
+                "swallowed: {swallow}: {error}"
+            );
+
+            let redelivered = retry(&RetryPolicy::new().with_max_retries(20), || {
+                let (cluster, message) = (cluster.clone(), message.clone());
+                async move {
+                    let mut conn = cluster
+                        .node(0)
+                        .await
+                        .map_err(|e| Error::QueryBuilderError(e.into()))?;
+                    cluster_credit(&mut conn, &message, None).await
+                }
+            })
+            .await
+            .unwrap();
+            assert_eq!(redelivered, Outcome::Duplicate);
+        }
+        assert_eq!(common::balances(&cluster, 2).await, vec![1, 1]);
+    })
+    .await;
+    cluster.cleanup().await;
+}
+
+/// What one worker does with a delivery: run it through the retry helper, on a node
+/// chosen round-robin, and move on to the next node when one fails.
+async fn deliver(cluster: &Cluster, worker: usize, message: &Credit) -> Outcome<()> {
+    let node = std::sync::atomic::AtomicUsize::new(worker);
+    retry(
+        &RetryPolicy::new()
+            .with_max_retries(50)
+            .with_max_delay(Duration::from_millis(200)),
+        || {
+            let node = node.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                let mut conn = cluster.node(node).await.map_err(|error| {
+                    Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::ClosedConnection,
+                        Box::new(error.to_string()),
+                    )
+                })?;
+                cluster_credit(&mut conn, message, None).await
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{message:?} failed for good: {error}"))
+}
+
+/// How the race's workers handle a delivery.
+#[derive(Clone, Copy, PartialEq)]
+enum Handler {
+    Idempotent,
+    Naive,
+}
+
+/// Six workers spread over the three nodes; every message reaches all of them at once.
+/// `kill` kills node 3 with SIGKILL halfway, then brings it back. Returns each
+/// message's balance.
+async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
+    let messages = messages();
+    common::create_tables(cluster, messages).await;
+    let workers = 6;
+    let barrier = Arc::new(Barrier::new(workers));
+    let tasks: Vec<_> = (0..workers)
+        .map(|worker| {
+            let (cluster, barrier) = (cluster.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                let mut processed = 0;
+                for n in 0..messages {
+                    barrier.wait().await;
+                    if kill && worker == 0 && n == messages / 2 {
+                        galera(&["kill", "3"]);
+                    }
+                    let message = Credit::new(n);
+                    let outcome = match handler {
+                        Handler::Idempotent => deliver(&cluster, worker, &message).await,
+                        Handler::Naive => {
+                            let mut conn = cluster.node(worker).await.expect("the nodes are up");
+                            naive_credit(&mut conn, &message).await
+                        }
+                    };
+                    processed += usize::from(outcome == Outcome::Processed(()));
+                }
+                processed
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for task in tasks {
+        processed += task.await.unwrap();
+    }
+    if kill {
+        galera(&["restart", "3"]);
+    } else if handler == Handler::Idempotent {
+        // With a node killed, a delivery can commit there and lose its answer with the
+        // connection: its retry is then the duplicate, and nobody sees `Processed`.
+        assert_eq!(
+            processed, messages as usize,
+            "one delivery of each message processed it"
+        );
+    }
+    if kill {
+        let mut node_3 = cluster.node(2).await.unwrap();
+        node_3
+            .batch_execute("SET SESSION wsrep_sync_wait = 1")
+            .await
+            .unwrap();
+        let mut node_1 = cluster.connect().await;
+        let query = "SELECT COUNT(*) FROM inbox";
+        assert_eq!(
+            select_i64(&mut node_3, query).await.unwrap(),
+            select_i64(&mut node_1, query).await.unwrap(),
+            "the rejoined node has every marker"
+        );
+        let total = "SELECT SUM(balance) FROM accounts";
+        assert_eq!(select_i64(&mut node_3, total).await.unwrap(), messages);
+    }
+    common::balances(cluster, messages).await
+}
+
+/// Check, then insert and credit in one transaction, on a table without a unique index:
+/// the handler most people write first. A failed delivery is dropped.
+async fn naive_credit(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Outcome<()> {
+    let seen = format!(
+        "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
+        credit.message_id
+    );
+    if select_i64(conn, &seen).await.unwrap() > 0 {
+        return Outcome::Duplicate;
+    }
+    let apply = format!(
+        "BEGIN; INSERT INTO naive_inbox (message_id) VALUES ('{}'); \
+         UPDATE accounts SET balance = balance + 1 WHERE id = {}; COMMIT",
+        credit.message_id, credit.account
+    );
+    match conn.batch_execute(&apply).await {
+        Ok(()) => Outcome::Processed(()),
+        Err(_) => {
+            let _ = conn.batch_execute("ROLLBACK").await;
+            Outcome::Duplicate
+        }
+    }
+}
+
+fn galera(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/galera.sh");
+    let status = std::process::Command::new(script)
+        .args(args)
+        .status()
+        .expect("run scripts/galera.sh");
+    assert!(status.success(), "scripts/galera.sh {args:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn races_across_nodes_apply_each_message_exactly_once() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("race").await else {
+        return;
+    };
+    let balances = bounded(race(&cluster, Handler::Idempotent, false)).await;
+    assert_eq!(balances, vec![1; balances.len()]);
+    cluster.cleanup().await;
+}
+
+/// The same race loses a node to SIGKILL halfway: its workers move to the survivors, no
+/// message is lost or applied twice, and the node rejoins with every marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_mid_run_loses_no_message() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("node_killed").await else {
+        return;
+    };
+    let balances = bounded(race(&cluster, Handler::Idempotent, true)).await;
+    assert_eq!(balances, vec![1; balances.len()]);
+    cluster.cleanup().await;
+}
+
+/// The naive check-then-insert handler, in the same race across the nodes, applies some
+/// message twice: the race is real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_race_across_nodes_catches_the_naive_handler() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("naive").await else {
+        return;
+    };
+    let balances = bounded(race(&cluster, Handler::Naive, false)).await;
+    assert!(
+        balances.iter().any(|&balance| balance > 1),
+        "the naive handler applied every message once: {balances:?}"
+    );
+    cluster.cleanup().await;
+}
+
+/// A certification conflict on a business row, with no inbox involved, is transient too;
+/// a business unique violation stays permanent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn business_conflicts_are_classified_on_the_cluster() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("business_conflicts").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&cluster, 1).await;
+        let mut on_node_1 = cluster.node(0).await.unwrap();
+        let mut on_node_2 = cluster.node(1).await.unwrap();
+        on_node_1
+            .batch_execute("BEGIN; UPDATE accounts SET balance = balance + 1 WHERE id = 0")
+            .await
+            .unwrap();
+        on_node_2
+            .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 0")
+            .await
+            .unwrap();
+        let error = on_node_1
+            .batch_execute("COMMIT")
+            .await
+            .expect_err("certification aborts the first");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+
+        on_node_1
+            .batch_execute("INSERT INTO ledger (entry) VALUES ('once')")
+            .await
+            .unwrap();
+        let error = on_node_2
+            .batch_execute("INSERT INTO ledger (entry) VALUES ('once')")
+            .await
+            .expect_err("the entry exists");
+        assert_eq!(classify(&error), ErrorClass::Permanent, "{error}");
+    })
+    .await;
+    cluster.cleanup().await;
+}
