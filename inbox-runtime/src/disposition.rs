@@ -221,6 +221,12 @@ mod tests {
             Disposition::of::<(), _>(&Err(boxed)),
             Disposition::Retry { after: None }
         );
+        let not_send: Box<dyn StdError> =
+            Box::new(Wrapped(database(DatabaseErrorKind::Unknown, "deadlock detected")));
+        assert_eq!(
+            Disposition::of::<(), _>(&Err(not_send)),
+            Disposition::Retry { after: None }
+        );
         let own: Box<dyn StdError + Send + Sync> = "the order was cancelled".into();
         assert_eq!(
             Disposition::of::<(), _>(&Err(own)),
