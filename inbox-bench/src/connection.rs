@@ -320,7 +320,7 @@ impl BenchConnection for AsyncMysqlConnection {
 
     /// A plain insert, a duplicate-key error meaning a duplicate, as the library does:
     /// MySQL's `ON DUPLICATE KEY` cannot tell a new row from a duplicate. Then the
-    /// marker's id and the savepoint the commit releases.
+    /// marker's id, autocommit off, and the savepoint the commit releases.
     async fn insert_marker(
         &mut self,
         message_id: String,
@@ -329,7 +329,8 @@ impl BenchConnection for AsyncMysqlConnection {
         match self.plain_insert(message_id, consumer).await {
             Ok(_) => {
                 self.batch_execute(
-                    "SET @diesel_inbox_marker_id = LAST_INSERT_ID(); \
+                    "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
+                     @diesel_inbox_autocommit = @@autocommit, autocommit = 0; \
                      SAVEPOINT diesel_inbox_marker",
                 )
                 .await?;
@@ -340,12 +341,17 @@ impl BenchConnection for AsyncMysqlConnection {
         }
     }
 
+    /// Also puts autocommit back, in the same round trip.
     fn commit_checked(
         &mut self,
         _message_id: String,
         _consumer: &'static str,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        self.batch_execute(RELEASE_AND_COMMIT)
+        self.batch_execute(
+            "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; \
+             SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+             @diesel_inbox_autocommit = NULL",
+        )
     }
 
     async fn lock_peer_row(

@@ -221,8 +221,10 @@ mod tests {
             Disposition::of::<(), _>(&Err(boxed)),
             Disposition::Retry { after: None }
         );
-        let not_send: Box<dyn StdError> =
-            Box::new(Wrapped(database(DatabaseErrorKind::Unknown, "deadlock detected")));
+        let not_send: Box<dyn StdError> = Box::new(Wrapped(database(
+            DatabaseErrorKind::Unknown,
+            "deadlock detected",
+        )));
         assert_eq!(
             Disposition::of::<(), _>(&Err(not_send)),
             Disposition::Retry { after: None }
