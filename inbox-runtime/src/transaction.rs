@@ -271,7 +271,7 @@ where
     }
     match body(&mut *conn).await {
         Ok(value) => {
-            C::Backend::commit(conn, marker).await?;
+            C::Backend::commit(conn).await?;
             Ok(value)
         }
         Err(error) => match C::Backend::abandon(conn).await {

@@ -181,7 +181,6 @@ pub(crate) mod sealed {
         /// early. On `Err` the transaction is over.
         fn commit<'c, C>(
             conn: &'c mut C,
-            marker: &Marker,
         ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;

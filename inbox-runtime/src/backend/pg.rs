@@ -82,26 +82,21 @@ mod imp {
             C::TransactionManager::rollback_transaction(conn)
         }
 
-        fn commit<'c, C>(
-            conn: &'c mut C,
-            _marker: &Marker,
-        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        async fn commit<C>(conn: &mut C) -> QueryResult<()>
         where
             C: AsyncConnection<Backend = Self>,
         {
-            async move {
-                // After an error the handler did not propagate, the transaction is aborted
-                // and PostgreSQL answers COMMIT with a silent ROLLBACK. `SELECT 1` fails
-                // there instead (25P02), and the rest of a simple query is then skipped.
-                // Sent with COMMIT it costs no round trip of its own, which a separate
-                // statement would: 8% of throughput (inbox-bench/BENCHMARKS.md).
-                match conn.batch_execute("SELECT 1; COMMIT").await {
-                    Ok(()) => leave_transaction(conn),
-                    Err(error) if is_aborted(&error) => {
-                        Err(roll_back_for(conn, rolled_back_underneath()).await)
-                    }
-                    Err(error) => Err(roll_back_for(conn, error).await),
+            // After an error the handler did not propagate, the transaction is aborted
+            // and PostgreSQL answers COMMIT with a silent ROLLBACK. `SELECT 1` fails
+            // there instead (25P02), and the rest of a simple query is then skipped.
+            // Sent with COMMIT it costs no round trip of its own, which a separate
+            // statement would: 8% of throughput (inbox-bench/BENCHMARKS.md).
+            match conn.batch_execute("SELECT 1; COMMIT").await {
+                Ok(()) => leave_transaction(conn),
+                Err(error) if is_aborted(&error) => {
+                    Err(roll_back_for(conn, rolled_back_underneath()).await)
                 }
+                Err(error) => Err(roll_back_for(conn, error).await),
             }
         }
 

@@ -64,7 +64,6 @@ mod imp {
 
         fn commit<'c, C>(
             conn: &'c mut C,
-            _marker: &Marker,
         ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
         where
             C: AsyncConnection<Backend = Self>,
