@@ -1,7 +1,7 @@
 //! What a handler tells `tracing`: one span per delivery, with the consumer, the key,
 //! the outcome and the duration, under OpenTelemetry's messaging names.
 
-#![cfg(feature = "sqlite")]
+#![cfg(all(feature = "sqlite", feature = "testing"))]
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -9,13 +9,16 @@ use std::sync::{Arc, Mutex};
 
 use diesel::result::Error;
 use diesel::sqlite::SqliteConnection;
+use diesel_async::SimpleAsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::TestDatabase;
 use diesel_inbox::{Outcome, idempotent};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
+
+type Conn = SyncConnectionWrapper<SqliteConnection>;
 
 type Fields = HashMap<String, String>;
 
@@ -60,27 +63,26 @@ struct Credit {
 }
 
 #[idempotent(consumer = "traced-credit", key = credit.id.as_str(), fast_path = false)]
-async fn traced_credit(
-    conn: &mut SyncConnectionWrapper<SqliteConnection>,
-    credit: &Credit,
-) -> Result<(), Error> {
+async fn traced_credit(conn: &mut Conn, credit: &Credit) -> Result<(), Error> {
     conn.batch_execute("UPDATE accounts SET balance = balance + 1")
         .await
 }
 
-#[tokio::test]
-async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
-    let path = std::env::temp_dir().join(format!("diesel-inbox-tracing-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(path.to_str().unwrap())
-        .await
-        .unwrap();
-    diesel_inbox::migrate(&mut conn).await.unwrap();
+/// A SQLite database of the test's own, with the inbox and the one account.
+async fn database(name: &str) -> (TestDatabase<Conn>, Conn) {
+    let db = TestDatabase::sqlite(name).await.unwrap();
+    let mut conn = db.connect().await.unwrap();
     conn.batch_execute(
         "CREATE TABLE accounts (balance BIGINT NOT NULL); INSERT INTO accounts VALUES (0);",
     )
     .await
     .unwrap();
+    (db, conn)
+}
+
+#[tokio::test]
+async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
+    let (db, mut conn) = database("tracing").await;
 
     let recorded = Recorded::default();
     let subscriber = tracing_subscriber::registry().with(recorded.clone());
@@ -99,7 +101,7 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
         .await
         .expect_err("an empty key");
     drop(guard);
-    std::fs::remove_file(&path).unwrap();
+    db.cleanup().await.unwrap();
 
     let spans = recorded.0.lock().unwrap();
     let handled: Vec<&Fields> = spans
@@ -135,17 +137,7 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
 async fn each_delivery_is_counted_by_consumer_and_outcome() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    let path = std::env::temp_dir().join(format!("diesel-inbox-metrics-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let mut conn = SyncConnectionWrapper::<SqliteConnection>::establish(path.to_str().unwrap())
-        .await
-        .unwrap();
-    diesel_inbox::migrate(&mut conn).await.unwrap();
-    conn.batch_execute(
-        "CREATE TABLE accounts (balance BIGINT NOT NULL); INSERT INTO accounts VALUES (0);",
-    )
-    .await
-    .unwrap();
+    let (db, mut conn) = database("metrics").await;
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -154,7 +146,7 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
         let _ = traced_credit(&mut conn, &Credit { id: id.into() }).await;
     }
     drop(guard);
-    std::fs::remove_file(&path).unwrap();
+    db.cleanup().await.unwrap();
 
     let mut counts = HashMap::new();
     let mut durations = 0;

@@ -1,35 +1,27 @@
 //! The background pruner: prunes on its schedule, and stops when asked, at once.
 
-#![cfg(all(feature = "sqlite", feature = "pruner"))]
+#![cfg(all(feature = "sqlite", feature = "pruner", feature = "testing"))]
 
 use std::time::Duration;
 
 use diesel::sqlite::SqliteConnection;
+use diesel_async::SimpleAsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::Pruner;
+use diesel_inbox::testing::{TestDatabase, select_i64};
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;
 
 async fn markers(conn: &mut Conn) -> i64 {
-    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
-        "(SELECT COUNT(*) FROM inbox)",
-    ))
-    .get_result(conn)
-    .await
-    .unwrap()
+    select_i64(conn, "SELECT COUNT(*) FROM inbox")
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prunes_on_its_schedule_and_stops_when_asked() {
-    let path = std::env::temp_dir().join(format!("diesel-inbox-pruner-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let url = path.to_str().unwrap().to_owned();
-    let mut conn = Conn::establish(&url).await.unwrap();
-    conn.batch_execute("PRAGMA busy_timeout = 10000; PRAGMA journal_mode = WAL;")
-        .await
-        .unwrap();
-    diesel_inbox::migrate(&mut conn).await.unwrap();
+    let db = TestDatabase::<Conn>::sqlite("pruner").await.unwrap();
+    let mut conn = db.connect().await.unwrap();
     let old: Vec<String> = (0..3_000)
         .map(|n| format!("('old-{n}', 'c', datetime('now', '-1 hour'))"))
         .collect();
@@ -42,10 +34,10 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
     .unwrap();
 
     let connect = {
-        let url = url.clone();
+        let db = db.clone();
         move || {
-            let url = url.clone();
-            async move { Conn::establish(&url).await }
+            let db = db.clone();
+            async move { db.connect().await }
         }
     };
     let pruner = Pruner::spawn(
@@ -73,7 +65,5 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
         .await
         .expect("shuts down between runs at once");
     drop(conn);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{url}{suffix}"));
-    }
+    db.cleanup().await.unwrap();
 }
