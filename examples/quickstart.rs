@@ -318,6 +318,11 @@ where
         match outcome {
             Ok(Outcome::Processed(())) => *tally.committed.entry(message.id).or_default() += 1,
             Ok(Outcome::Duplicate) => {}
+            // Only claim-mode handlers answer this: another delivery holds the message.
+            Ok(Outcome::InProgress { .. }) => queue.lock().await.push_back(Delivery {
+                message,
+                attempt: delivery.attempt,
+            }),
             Err(error) => match error.class() {
                 class if class.is_retryable() && delivery.attempt < MAX_ATTEMPTS => {
                     tally.retries += 1;

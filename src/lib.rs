@@ -66,13 +66,15 @@
 pub use inbox_macros::idempotent;
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::Pruner;
+pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{
-    DatabaseErrorSource, Disposition, ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome,
-    RegisteredHandler, Retention, SharedConsumers, check_consumers, classify, find_database_error,
-    migrate, prune, registered_handlers,
+    Claim, ClaimError, DatabaseErrorSource, Disposition, ErrorClass, Fingerprint,
+    FingerprintMismatch, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, Retention,
+    SharedConsumers, check_consumers, classify, find_database_error, migrate, prune,
+    registered_handlers,
 };
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};
@@ -81,8 +83,8 @@ pub use inbox_runtime::{RetryPolicy, retry};
 #[doc(hidden)]
 pub mod __private {
     pub use inbox_runtime::{
-        ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, fake_return,
-        inventory, run,
+        ClaimPolicy, ConnectionParameter, FastPath, Fingerprint, Handler, HandlerError,
+        HandlerResult, fake_return, inventory, run, run_claimed,
     };
 }
 

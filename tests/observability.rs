@@ -130,6 +130,109 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
     );
 }
 
+/// Events, by their message, with the fields they carry.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<Fields>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+}
+
+/// Where a claim-mode body stops: it says it has its claim, then waits to be let go.
+#[derive(Default)]
+struct Gate {
+    entered: tokio::sync::Notify,
+    proceed: tokio::sync::Notify,
+}
+
+#[idempotent(consumer = "traced-receipt", key = id, claim)]
+async fn traced_receipt(conn: &mut Conn, id: &str, gate: &Gate, fail: bool) -> Result<u32, Error> {
+    if fail {
+        return Err(Error::RollbackTransaction);
+    }
+    gate.entered.notify_one();
+    gate.proceed.notified().await;
+    Ok(diesel_inbox::Claim::current().attempt())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_mode_spans_carry_the_mode_the_attempt_and_in_progress() {
+    let (db, mut conn) = database("claim_tracing").await;
+    let mut other = db.connect().await.unwrap();
+
+    let (recorded, events) = (Recorded::default(), Events::default());
+    let subscriber = tracing_subscriber::registry()
+        .with(recorded.clone())
+        .with(events.clone());
+    let dispatch = tracing::Dispatch::new(subscriber);
+    let guard = tracing::dispatcher::set_default(&dispatch);
+    let gate = Arc::new(Gate::default());
+    let failed = traced_receipt(&mut conn, "r-1", &gate, true).await;
+    assert!(failed.is_err());
+    // The released claim is taken over at once, as attempt 2, and a delivery meanwhile
+    // finds it held.
+    let holder = {
+        let gate = Arc::clone(&gate);
+        let delivery = async move { traced_receipt(&mut conn, "r-1", &gate, false).await };
+        tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
+            delivery,
+            dispatch.clone(),
+        ))
+    };
+    gate.entered.notified().await;
+    let meanwhile = traced_receipt(&mut other, "r-1", &gate, false).await;
+    assert!(meanwhile.unwrap().is_in_progress());
+    gate.proceed.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap(), Outcome::Processed(2));
+    drop(guard);
+    db.cleanup().await.unwrap();
+
+    let spans = recorded.0.lock().unwrap();
+    let handled: Vec<&Fields> = spans
+        .iter()
+        .filter(|(name, _)| name == "inbox.process")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(handled.len(), 3, "{spans:?}");
+    for fields in &handled {
+        assert_eq!(fields["inbox.mode"], "claim");
+        assert_eq!(fields["messaging.message.id"], "r-1");
+    }
+    let outcomes: Vec<&str> = handled
+        .iter()
+        .map(|f| f["inbox.outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes[0], "handler_error");
+    assert!(outcomes[1..].contains(&"processed") && outcomes[1..].contains(&"in_progress"));
+    let processed = handled
+        .iter()
+        .find(|f| f["inbox.outcome"] == "processed")
+        .unwrap();
+    assert_eq!(processed["inbox.attempt"], "2");
+    let events = events.0.lock().unwrap();
+    let takeover = events
+        .iter()
+        .find(|e| e["message"] == "took over a claim nobody held")
+        .expect("a takeover event");
+    assert_eq!(
+        (
+            takeover["inbox.attempt"].as_str(),
+            takeover["inbox.released"].as_str()
+        ),
+        ("2", "true")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["message"] == "claimed by another delivery: the body did not run"),
+        "{events:?}"
+    );
+}
+
 /// With the `metrics` feature, each delivery counts once under its consumer and outcome,
 /// and its duration is recorded; the key is never a label.
 #[cfg(feature = "metrics")]

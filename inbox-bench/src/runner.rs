@@ -131,6 +131,15 @@ async fn consume<C: BenchConnection>(
             match handlers::handle(variant, conn, &delivery).await {
                 Ok(Outcome::Processed(())) => tally.processed += 1,
                 Ok(Outcome::Duplicate) => tally.duplicates += 1,
+                // Another delivery holds the claim: delivered again, as a broker would.
+                Ok(Outcome::InProgress { .. }) if attempts < MAX_ATTEMPTS => {
+                    tally.retries += 1;
+                    continue;
+                }
+                Ok(Outcome::InProgress { .. }) => bail!(
+                    "{} found delivery {n} ({delivery:?}) claimed elsewhere {attempts} times",
+                    variant.label()
+                ),
                 Err(error) if classify(&error).is_retryable() && attempts < MAX_ATTEMPTS => {
                     tally.retries += 1;
                     continue;

@@ -1,5 +1,7 @@
 //! Parsing the attribute's arguments: `consumer = "…", key = <expr>, conn = <ident>,
-//! fast_path = <bool expr>, crate = <path>`.
+//! fast_path = <bool expr>, crate = <path>`, and for claim mode `claim`,
+//! `lease = <Duration expr>`, `max_attempts = <integer>`, `takeover = <bool>`, and in
+//! both modes `fingerprint = <bytes or text expr>`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -8,19 +10,34 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, Token};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-pub(crate) const ARGUMENTS: [&str; 5] = ["consumer", "key", "conn", "fast_path", "crate"];
+pub(crate) const ARGUMENTS: [&str; 10] = [
+    "consumer",
+    "key",
+    "conn",
+    "fast_path",
+    "crate",
+    "claim",
+    "lease",
+    "max_attempts",
+    "takeover",
+    "fingerprint",
+];
 
-/// One `name = value` pair, not yet checked.
+/// One `name = value` pair, or a bare `name`, not yet checked.
 pub(crate) struct Argument {
     pub(crate) name: Ident,
-    pub(crate) value: Expr,
+    pub(crate) value: Option<Expr>,
 }
 
 impl Parse for Argument {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let name = input.call(Ident::parse_any)?;
-        input.parse::<Token![=]>()?;
-        let value = input.parse()?;
+        let value = if input.peek(Token![=]) {
+            input.parse::<Token![=]>()?;
+            Some(input.parse()?)
+        } else {
+            None
+        };
         Ok(Self { name, value })
     }
 }

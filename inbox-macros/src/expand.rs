@@ -13,7 +13,7 @@ use syn::{
     parse_quote_spanned,
 };
 
-use crate::validate::{Handler, at, ungroup};
+use crate::validate::{ClaimSettings, Handler, at, ungroup};
 
 pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let Handler {
@@ -21,6 +21,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         key,
         conn,
         fast_path,
+        claim,
+        fingerprint,
         ok,
         err,
         krate,
@@ -42,8 +44,14 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // plain `async fn` (coroutines drop what they own when they complete, which for the
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
-    let closure =
-        quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
+    // A claim-mode body runs outside the transaction it is named for, and most make
+    // their external call without touching the connection.
+    let unused_connection = claim.is_some().then(|| quote!(#[allow(unused_variables)]));
+    let closure = quote!(
+        async |#unused_connection #conn_mut #conn| -> #closure_result {
+            #fake_return #(#borrows)* #body
+        }
+    );
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
     // `InboxKey` is reported there, as a bound of the public trait itself.
@@ -58,13 +66,30 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         quote_spanned!(err.span()=> <#err as #krate::__private::HandlerError>::from_diesel)
     };
     // Evaluated before the transaction, like the key, and before `run` borrows the
-    // connection, so that it can use the connection too.
-    let fast_path_value = format_ident!("__inbox_fast_path", span = Span::mixed_site());
-    let fast_path = match fast_path {
-        None => quote!(#krate::__private::FastPath::Adaptive),
-        Some(when) => {
-            let krate = at(&krate, when.span());
-            quote_spanned!(when.span()=> #krate::__private::FastPath::when(#when))
+    // connection, so that it can use the connection too. In claim mode the same place
+    // holds the claim's settings.
+    let mode_value = format_ident!("__inbox_mode", span = Span::mixed_site());
+    let claim_mode = claim.is_some();
+    let mode = match &claim {
+        None => match fast_path {
+            None => quote!(#krate::__private::FastPath::Adaptive),
+            Some(when) => {
+                let krate = at(&krate, when.span());
+                quote_spanned!(when.span()=> #krate::__private::FastPath::when(#when))
+            }
+        },
+        Some(settings) => claim_policy(&krate, settings),
+    };
+    // Taken before the transaction from a borrow of the payload, so that the payload
+    // stays the handler's.
+    let fingerprint_value = format_ident!("__inbox_fingerprint", span = Span::mixed_site());
+    let fingerprint = match fingerprint {
+        None => quote!(::core::option::Option::None),
+        Some(payload) => {
+            let krate = at(&krate, payload.span());
+            quote_spanned!(payload.span()=>
+                ::core::option::Option::Some(#krate::__private::Fingerprint::of(&(#payload)))
+            )
         }
     };
     let claim = consumer_claim(&consumer);
@@ -86,12 +111,18 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // async connection, a supported backend) is reported there.
     let run = {
         let krate = at(&krate, conn.span());
+        let run = if claim_mode {
+            quote_spanned!(conn.span()=> #krate::__private::run_claimed)
+        } else {
+            quote_spanned!(conn.span()=> #krate::__private::run)
+        };
         quote_spanned!(conn.span()=>
-            #krate::__private::run(
+            #run(
                 #krate::__private::ConnectionParameter::borrow(#conn),
                 &#registration,
                 #message_id,
-                #fast_path_value,
+                #mode_value,
+                #fingerprint_value,
                 #into_error,
                 #closure,
             )
@@ -108,13 +139,35 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             #krate::__private::Handler::new(#registered);
         #krate::__private::inventory::submit! { #registered }
         let #message_id = #encode;
-        let #fast_path_value = #fast_path;
+        let #mode_value = #mode;
+        let #fingerprint_value = #fingerprint;
         #run
     });
     function.sig.output = parse_quote!(
         -> ::core::result::Result<#krate::Outcome<#ok>, #err>
     );
     quote!(#function)
+}
+
+/// `ClaimPolicy::new(lease, max_attempts, takeover)`, the lease bound as a `Duration` at
+/// its expression, so that one of another type is reported there as such.
+fn claim_policy(krate: &syn::Path, settings: &ClaimSettings) -> TokenStream {
+    let lease = match &settings.lease {
+        None => quote!(::core::option::Option::None),
+        Some(lease) => {
+            let bound = format_ident!("__inbox_lease", span = Span::mixed_site());
+            let binding = quote_spanned!(lease.span()=>
+                let #bound: ::core::time::Duration = #lease;
+            );
+            quote!({ #binding ::core::option::Option::Some(#bound) })
+        }
+    };
+    let max_attempts = match &settings.max_attempts {
+        None => quote!(::core::option::Option::None),
+        Some(max) => quote!(::core::option::Option::Some(#max)),
+    };
+    let takeover = settings.takeover;
+    quote!(#krate::__private::ClaimPolicy::new(#lease, #max_attempts, #takeover))
 }
 
 /// Moves a `mut` from the connection parameter to the closure's parameter, which is

@@ -28,6 +28,11 @@ use quote::ToTokens;
 /// - `Err(e)`: nothing was committed; `diesel_inbox::classify` tells a transient error
 ///   from a permanent one.
 ///
+/// In claim mode (`claim`, below) the same variants mean the body ran and its claim was
+/// completed, or an earlier delivery's was, and a third,
+/// `Ok(Outcome::InProgress { lease_remaining })`, that another delivery holds a live
+/// claim: redeliver later.
+///
 /// # Arguments
 ///
 /// - `consumer = "…"` (required): the handler's name in the inbox. A string literal of
@@ -50,6 +55,33 @@ use quote::ToTokens;
 ///   reads first while a quarter or more of its recent deliveries were duplicates: never
 ///   during a stream of new messages, always during a replay. Correctness never depends
 ///   on it.
+/// - `fingerprint = <expr>`: the payload, as bytes or text (`AsRef<[u8]>`, taken by
+///   reference), whose SHA-256 is stored with the marker. A later delivery with the same
+///   key and another payload is an error, `diesel_inbox::FingerprintMismatch`, classified
+///   `Permanent`: the producer reused a message id, and acknowledging that as a
+///   duplicate would lose a message. A marker stored without a fingerprint matches any.
+///   Evaluated before the transaction.
+/// - `claim`: claim mode, for a body whose effect is outside the database (an e-mail,
+///   a payment, an HTTP call), which no transaction can roll back. The marker is
+///   inserted and committed as a claim before the body runs, outside any transaction,
+///   and completed when it returns `Ok`; `Err` releases it for the next delivery. A
+///   delivery that finds a live claim returns `Outcome::InProgress` (do not
+///   acknowledge it); one that finds a claim whose lease has ended takes it over and runs
+///   the body again. The body reads its claim with `diesel_inbox::Claim::current()` and
+///   hands the downstream system `claim.idempotency_key()`, which stays the same on every
+///   attempt: exactly-once holds downstream only if that system deduplicates by it.
+///   `diesel_inbox::claims` documents the protocol.
+/// - `lease = <expr>` (claim mode): a `std::time::Duration`, how long a claim holds before
+///   another delivery may take it over, measured on the database's clock; by default
+///   `diesel_inbox::claims::DEFAULT_LEASE`, five minutes. Make it longer than the body's
+///   longest run, retries and timeouts included.
+/// - `max_attempts = <integer>` (claim mode): after that many starts of the body, a
+///   delivery is refused with `ClaimError::AttemptsExhausted`, classified `Permanent`,
+///   and the claim waits in `diesel_inbox::claims::list_stale` for a person.
+/// - `takeover = false` (claim mode): a claim whose lease ended, which may have made its
+///   call, is never run again: deliveries get `ClaimError::Quarantined`, classified
+///   `Permanent`, until a person settles it. A claim released by a failed body still
+///   runs again.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`. For a renamed dependency
 ///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
@@ -97,20 +129,28 @@ use quote::ToTokens;
 ///     );
 ///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
 ///
-///     // The key and the fast-path choice are evaluated first, so both may use `conn`.
+///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
+///     // may use `conn`.
 ///     let message_id = diesel_inbox::InboxKey::encode(&(msg.message_id));
-///     let fast_path = diesel_inbox::__private::FastPath::Adaptive;
+///     let mode = diesel_inbox::__private::FastPath::Adaptive;
+///     // `fingerprint = payload`: `Some(diesel_inbox::__private::Fingerprint::of(&(payload)))`.
+///     let fingerprint = None;
+///     // In claim mode, `run_claimed`, with `mode` the claim's settings:
+///     // `{ let lease: Duration = …; ClaimPolicy::new(Some(lease), Some(max), takeover) }`.
 ///     diesel_inbox::__private::run(
 ///         // Takes the `&mut` borrow; a connection taken by value is reported here.
 ///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
 ///         &HANDLER,
 ///         message_id,
-///         fast_path,
+///         mode,
+///         fingerprint,
 ///         // How the inbox's own database errors become the handler's error type.
 ///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
 ///         // Not `move`: the parameters stay the handler's. `conn` here is the
 ///         // transaction's connection, shadowing the parameter; a `mut` written on the
-///         // parameter moves here, to the binding the body can reassign.
+///         // parameter moves here, to the binding the body can reassign. In claim mode
+///         // it is the connection itself, outside any transaction, under
+///         // `#[allow(unused_variables)]`: most claim bodies never use it.
 ///         async |conn| -> Result<(), AppError> {
 ///             // Never taken: makes rustc check the body against the declared return
 ///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
@@ -164,7 +204,11 @@ use quote::ToTokens;
 /// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>` nor an alias
 /// named `…Result`, or such an alias that is no `Result` (as rustc's "handlers return a
 /// `Result`, not …") or has an `impl Trait` inside; a missing,
-/// duplicate or unknown argument (with the closest valid name suggested); a `crate` that
+/// duplicate or unknown argument (with the closest valid name suggested); `claim` with a
+/// value, or another argument without one; `lease`, `max_attempts` or `takeover`
+/// without `claim`, and `fast_path` with it; a `max_attempts` that is not an integer
+/// literal of at least 1, a `takeover` that is not `true` or `false`, a `lease` that is
+/// not a `Duration` (at the lease); a `crate` that
 /// is not a path; a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate
 /// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no

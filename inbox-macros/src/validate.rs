@@ -8,7 +8,7 @@ use syn::{
     PathArguments, PathSegment, ReturnType, Type, parse_quote, parse_quote_spanned,
 };
 
-use crate::args::{ARGUMENTS, Arguments};
+use crate::args::{ARGUMENTS, Argument, Arguments};
 
 /// Longest consumer name, in bytes: the width of the inbox's `consumer` column.
 const CONSUMER_MAX_BYTES: usize = 200;
@@ -18,8 +18,12 @@ pub(crate) struct Handler {
     pub(crate) consumer: LitStr,
     pub(crate) key: Expr,
     pub(crate) conn: Ident,
-    /// `None` for the default, the fast path on every delivery.
+    /// `None` for the default, the adaptive fast path; always `None` in claim mode.
     pub(crate) fast_path: Option<Expr>,
+    /// `Some` in claim mode, with its settings as given.
+    pub(crate) claim: Option<ClaimSettings>,
+    /// The payload the fingerprint is taken from, in either mode.
+    pub(crate) fingerprint: Option<Expr>,
     /// `T` and `E` of the handler's `Result<T, E>`.
     pub(crate) ok: Type,
     pub(crate) err: Type,
@@ -27,12 +31,22 @@ pub(crate) struct Handler {
     pub(crate) krate: Path,
 }
 
+/// Claim mode's settings (`claim`, then `lease`, `max_attempts` and `takeover`).
+pub(crate) struct ClaimSettings {
+    /// `None` for the runtime's default lease.
+    pub(crate) lease: Option<Expr>,
+    pub(crate) max_attempts: Option<syn::LitInt>,
+    /// `true` unless `takeover = false`.
+    pub(crate) takeover: bool,
+}
+
 /// A handler that failed a check: the errors, and the argument expressions that would
 /// have used its parameters.
 pub(crate) struct Rejected {
     pub(crate) error: syn::Error,
-    /// `key` and `fast_path` as given. The re-emitted function names them, so that a
-    /// parameter only they use is not reported unused on top of the real mistake.
+    /// `key`, `fast_path`, `lease` and `fingerprint` as given. The re-emitted function
+    /// names them, so that a parameter only they use is not reported unused on top of
+    /// the real mistake.
     pub(crate) uses: Vec<Expr>,
 }
 
@@ -77,7 +91,7 @@ pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Erro
 
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
     let mut errors = Errors::default();
-    let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
+    let mut given: [Option<Argument>; ARGUMENTS.len()] = Default::default();
     // An argument suggested for a misspelt one is not reported missing as well.
     let mut suggested = Vec::new();
     for argument in args.list {
@@ -86,7 +100,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
             Some(slot) if given[slot].is_some() => {
                 errors.spanned(&argument.name, format!("duplicate argument `{name}`"));
             }
-            Some(slot) => given[slot] = Some(argument.value),
+            Some(slot) => given[slot] = Some(argument),
             None => {
                 let closest = closest_argument(&name);
                 errors.spanned(&argument.name, unknown_argument(&name, closest));
@@ -94,11 +108,69 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
             }
         }
     }
-    let [consumer, key, conn, fast_path, krate] = given;
+    let [
+        consumer,
+        key,
+        conn,
+        fast_path,
+        krate,
+        claim,
+        lease,
+        max_attempts,
+        takeover,
+        fingerprint,
+    ] = given;
+    // A `claim` written with a value is reported, and still read as claim mode.
+    if let Some(claim) = &claim {
+        flag(claim, &mut errors);
+    }
+    let claimed = claim.is_some();
+    // A name written without its value is reported as such, not as missing as well.
+    let (consumer_named, key_named) = (consumer.is_some(), key.is_some());
+    let [
+        consumer,
+        key,
+        conn,
+        fast_path,
+        krate,
+        lease,
+        max_attempts,
+        takeover,
+        fingerprint,
+    ] = [
+        consumer,
+        key,
+        conn,
+        fast_path,
+        krate,
+        lease,
+        max_attempts,
+        takeover,
+        fingerprint,
+    ]
+    .map(|argument| argument.and_then(|argument| value(argument, &mut errors)));
+    let claim = claim_settings(
+        claimed,
+        ClaimArguments {
+            fast_path: fast_path.as_ref(),
+            lease: lease.as_ref(),
+            max_attempts: max_attempts.as_ref(),
+            takeover: takeover.as_ref(),
+        },
+        &mut errors,
+    );
+    let uses = || {
+        key.clone()
+            .into_iter()
+            .chain(fast_path.clone())
+            .chain(lease.clone())
+            .chain(fingerprint.clone())
+            .collect::<Vec<_>>()
+    };
 
     let consumer = match consumer {
         Some(value) => consumer_name(&value, &mut errors),
-        None if suggested.contains(&"consumer") => None,
+        None if consumer_named || suggested.contains(&"consumer") => None,
         None => {
             errors.push(syn::Error::new(
                 args.span,
@@ -107,7 +179,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
             None
         }
     };
-    if key.is_none() && !suggested.contains(&"key") {
+    if key.is_none() && !key_named && !suggested.contains(&"key") {
         errors.push(syn::Error::new(
             args.span,
             "missing `key = …`: the expression that identifies the message, such as `msg.id`",
@@ -136,7 +208,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         );
         return Err(Rejected {
             error: errors.0.expect("just recorded"),
-            uses: key.into_iter().chain(fast_path).collect(),
+            uses: uses(),
         });
     }
     if signature.asyncness.is_none() {
@@ -168,6 +240,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         connection_lifetime_unnamed(conn, function, &mut errors);
     }
 
+    let uses = uses();
     match (errors.0, consumer, key, conn, result, krate) {
         (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
             Ok(Handler {
@@ -175,17 +248,118 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
                 key,
                 conn,
                 fast_path,
+                claim,
+                fingerprint,
                 ok,
                 err,
                 krate,
             })
         }
-        (Some(error), _, key, ..) => Err(Rejected {
-            error,
-            uses: key.into_iter().chain(fast_path).collect(),
-        }),
+        (Some(error), ..) => Err(Rejected { error, uses }),
         _ => unreachable!("every missing piece records an error"),
     }
+}
+
+/// A bare argument, such as `claim`, written with a value.
+fn flag(argument: &Argument, errors: &mut Errors) {
+    if let Some(value) = &argument.value {
+        errors.spanned(
+            value,
+            format!(
+                "`{}` takes no value: write `{}` alone to turn it on",
+                argument.name, argument.name
+            ),
+        );
+    }
+}
+
+/// The value of a `name = value` argument, or an error at a bare `name`.
+fn value(argument: Argument, errors: &mut Errors) -> Option<Expr> {
+    if argument.value.is_none() {
+        errors.spanned(
+            &argument.name,
+            format!("`{}` takes a value: `{} = …`", argument.name, argument.name),
+        );
+    }
+    argument.value
+}
+
+/// The arguments that belong to one mode only.
+#[derive(Clone, Copy)]
+struct ClaimArguments<'a> {
+    fast_path: Option<&'a Expr>,
+    lease: Option<&'a Expr>,
+    max_attempts: Option<&'a Expr>,
+    takeover: Option<&'a Expr>,
+}
+
+/// Claim mode's settings when `claim` is given. Its arguments without `claim`, and
+/// `fast_path` with it, are mistakes: each says which mode it belongs to.
+fn claim_settings(
+    claimed: bool,
+    arguments: ClaimArguments<'_>,
+    errors: &mut Errors,
+) -> Option<ClaimSettings> {
+    if !claimed {
+        for (name, value) in [
+            ("lease", arguments.lease),
+            ("max_attempts", arguments.max_attempts),
+            ("takeover", arguments.takeover),
+        ] {
+            if let Some(value) = value {
+                errors.spanned(
+                    value,
+                    format!(
+                        "`{name}` applies to claim mode only: add `claim` to the arguments, \
+                         or remove `{name}`"
+                    ),
+                );
+            }
+        }
+        return None;
+    }
+    if let Some(fast_path) = arguments.fast_path {
+        errors.spanned(
+            fast_path,
+            "`fast_path` applies to transactional handlers: in claim mode the claim's \
+             insert finds an existing marker, and reads it, in one step",
+        );
+    }
+    let max_attempts = arguments
+        .max_attempts
+        .and_then(|value| match ungroup_expr(value) {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(int), ..
+            }) if int.base10_parse::<u32>().is_ok_and(|max| max >= 1) => Some(int.clone()),
+            _ => {
+                errors.spanned(
+                    value,
+                    "`max_attempts` takes an integer literal from 1 to 4294967295, such as \
+                     `max_attempts = 5`",
+                );
+                None
+            }
+        });
+    let takeover = match arguments.takeover.map(ungroup_expr) {
+        None => true,
+        Some(Expr::Lit(ExprLit {
+            lit: Lit::Bool(takeover),
+            ..
+        })) => takeover.value,
+        Some(other) => {
+            errors.spanned(
+                other,
+                "`takeover` takes `true` or `false`: `takeover = false` quarantines a claim \
+                 whose lease ended instead of running its body again",
+            );
+            true
+        }
+    };
+    Some(ClaimSettings {
+        lease: arguments.lease.cloned(),
+        max_attempts,
+        takeover,
+    })
 }
 
 /// The consumer must be a string literal that fits the column and the documented

@@ -3,6 +3,7 @@
 use diesel::result::{DatabaseErrorKind, Error};
 
 use crate::backend::{mysql, pg, sqlite};
+use crate::claims::ClaimError;
 
 /// What an error means for the message that was being handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +70,12 @@ pub fn classify(error: &Error) -> ErrorClass {
                 ErrorClass::Permanent
             }
         }
+        // A claim lost to a takeover can be redelivered; every other refusal of claim
+        // mode, like an invalid key or a fingerprint mismatch, is permanent.
+        Error::SerializationError(inner) => match inner.downcast_ref::<ClaimError>() {
+            Some(claim) if claim.is_transient() => ErrorClass::Transient,
+            _ => ErrorClass::Permanent,
+        },
         // The rollback after a failed COMMIT failed too: the transaction may still be
         // open on this connection.
         Error::RollbackErrorOnCommit { .. } => ErrorClass::ConnectionUnusable,

@@ -36,8 +36,9 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    /// Settles a handler's result: `Processed` and `Duplicate` are [`Disposition::Ack`];
-    /// an error is classified by the database error inside it ([`classify`]):
+    /// Settles a handler's result: `Processed` and `Duplicate` are [`Disposition::Ack`],
+    /// `InProgress` is [`Disposition::Retry`] once the holder's lease has run out; an
+    /// error is classified by the database error inside it ([`classify`]):
     /// `InboxDuplicate` is `Ack`, `Transient` and `ConnectionUnusable` are `Retry`,
     /// `Permanent` is `DeadLetter`. An error with no database error inside is the
     /// handler's own verdict on the message, and is dead-lettered.
@@ -47,6 +48,11 @@ impl Disposition {
     {
         let error = match result {
             Ok(Outcome::Processed(_) | Outcome::Duplicate) => return Self::Ack,
+            Ok(Outcome::InProgress { lease_remaining }) => {
+                return Self::Retry {
+                    after: *lease_remaining,
+                };
+            }
             Err(error) => error,
         };
         match error.database_error().map(classify) {
@@ -163,6 +169,51 @@ mod tests {
             Disposition::of::<(), Error>(&Ok(Outcome::Duplicate)),
             Disposition::Ack
         );
+    }
+
+    #[test]
+    fn a_claim_in_progress_is_retried_once_its_lease_has_run_out() {
+        let lease_remaining = Some(Duration::from_secs(42));
+        assert_eq!(
+            Disposition::of::<(), Error>(&Ok(Outcome::InProgress { lease_remaining })),
+            Disposition::Retry {
+                after: lease_remaining
+            }
+        );
+        assert_eq!(
+            Disposition::of::<(), Error>(&Ok(Outcome::InProgress {
+                lease_remaining: None
+            })),
+            Disposition::Retry { after: None }
+        );
+    }
+
+    #[test]
+    fn claim_refusals_and_fingerprint_mismatches_map_to_their_action() {
+        use crate::claims::ClaimError;
+
+        let lost = of(ClaimError::Lost { attempt: 1 }.into());
+        assert_eq!(lost, Disposition::Retry { after: None });
+        for refused in [
+            ClaimError::AttemptsExhausted { attempts: 3 },
+            ClaimError::Quarantined { attempts: 1 },
+            ClaimError::InvalidLease {
+                lease: Duration::ZERO,
+            },
+        ] {
+            let reason = refused.to_string();
+            assert_eq!(of(refused.into()), Disposition::DeadLetter { reason });
+        }
+        let mismatch = crate::FingerprintMismatch {
+            message_id: String::from("m-1"),
+            consumer: String::from("c"),
+            stored: String::from("a"),
+            delivered: String::from("b"),
+        };
+        assert!(matches!(
+            of(mismatch.into()),
+            Disposition::DeadLetter { .. }
+        ));
     }
 
     #[test]

@@ -8,9 +8,11 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+pub mod claims;
 mod classify;
 mod disposition;
 mod fast_path;
+mod fingerprint;
 mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -20,6 +22,7 @@ mod prune;
 #[cfg(feature = "pruner")]
 mod pruner;
 mod registry;
+mod report;
 mod retention;
 #[cfg(feature = "retry")]
 mod retry;
@@ -30,9 +33,11 @@ pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;
+pub use claims::{Claim, ClaimError, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
 pub use fast_path::FastPath;
+pub use fingerprint::{Fingerprint, FingerprintMismatch};
 #[doc(hidden)]
 pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};

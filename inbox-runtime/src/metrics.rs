@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 /// Deliveries handled, by `consumer` and `outcome` (`processed`, `duplicate`,
-/// `handler_error`, `database_error`).
+/// `in_progress` in claim mode, `handler_error`, `database_error`).
 pub const DELIVERIES: &str = "diesel_inbox_deliveries_total";
 
 /// Seconds from the handler's call to its return, by `consumer` and `outcome`.

@@ -14,7 +14,9 @@ use crate::backend::sealed::{PruneBounds, Sealed as _};
 const BATCH: i64 = 1_000;
 
 /// Deletes the markers processed more than `older_than` ago, as the database's clock
-/// tells time, and returns how many it deleted.
+/// tells time, and returns how many it deleted. A claim that was never completed is
+/// never deleted, however old: it is listed by
+/// [`claims::list_stale`](crate::claims::list_stale) for a person to settle.
 ///
 /// Works in batches of 1,000 ids, each one statement and so its own short transaction,
 /// lowest ids first, and stops at the first marker inside the window: it never scans

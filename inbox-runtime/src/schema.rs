@@ -1,6 +1,7 @@
 //! The inbox table.
 //!
-//! Each row records that one consumer has processed one message. The unique index
+//! Each row records that one consumer has processed one message, or, in claim mode, is
+//! processing it. The unique index
 //! [`INDEX_NAME`] on (`message_id`, `consumer`) is what makes processing exactly-once:
 //! the database, not a read-then-write check, decides which delivery wins.
 //!
@@ -32,7 +33,17 @@ diesel::table! {
         /// The consumer (handler) that processed the message.
         consumer -> Text,
         /// When the message was processed: the marker is written as the handler's
-        /// transaction starts, and commits with it.
+        /// transaction starts, and commits with it. For a claim not yet completed, when
+        /// it was first claimed.
         processed_at -> Timestamp,
+        /// `NULL` for a completed marker: every transactional one, and a claim whose
+        /// body finished. Otherwise the end of the claim's lease, on the database's clock.
+        lease_ends_at -> Nullable<Timestamp>,
+        /// The token of the claim's current holder; `NULL` once a failed body released it.
+        claim_token -> Nullable<Text>,
+        /// How many times a claim's body was started: 1, plus one per takeover.
+        attempts -> Integer,
+        /// The hex SHA-256 of the payload, when the handler gives a `fingerprint`.
+        fingerprint -> Nullable<Text>,
     }
 }

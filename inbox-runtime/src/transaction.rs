@@ -11,9 +11,11 @@ use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::classify::classify;
 use crate::fast_path::{DuplicateShare, FastPath};
+use crate::fingerprint::Fingerprint;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::registry::RegisteredHandler;
+use crate::report;
 use crate::test_transaction;
 
 /// One `#[idempotent]` handler as [`run`] sees it: its registration, and the recent
@@ -21,7 +23,7 @@ use crate::test_transaction;
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Handler {
-    registration: RegisteredHandler,
+    pub(crate) registration: RegisteredHandler,
     recent_duplicates: DuplicateShare,
 }
 
@@ -145,6 +147,10 @@ impl<E> From<InvalidKey> for Stop<E> {
 ///    checked that the database did not roll the transaction back underneath `body`. A
 ///    marker already there rolls back and returns [`Outcome::Duplicate`]; `Err` from
 ///    `body` rolls back everything and is returned.
+/// 4. With a `fingerprint`, it is stored with the marker, and a duplicate whose stored
+///    fingerprint differs is an error ([`FingerprintMismatch`]) instead.
+///
+/// [`FingerprintMismatch`]: crate::FingerprintMismatch
 ///
 /// The returned future is `Send` exactly when `body`'s is, so a handler can be spawned
 /// whenever its body could.
@@ -157,6 +163,7 @@ pub async fn run<C, T, E, F>(
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
+    fingerprint: Option<Fingerprint>,
     into_error: fn(Error) -> E,
     body: F,
 ) -> Result<Outcome<T>, E>
@@ -166,19 +173,23 @@ where
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
     let read_first = fast_path.reads_first(&handler.recent_duplicates);
-    let span = handling_span(handler.registration, message_id.as_deref().ok(), read_first);
+    let span = report::delivery_span(
+        handler.registration,
+        message_id.as_deref().ok(),
+        "transaction",
+        read_first,
+    );
     let started = Instant::now();
     let stopped = process(
         conn,
         handler.registration.consumer,
         message_id,
         read_first,
+        fingerprint,
         body,
     )
     .instrument(span.clone())
     .await;
-    let elapsed = started.elapsed();
-    span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
     let (result, outcome) = match stopped {
         Ok(value) => {
             handler.recent_duplicates.record(false);
@@ -196,31 +207,8 @@ where
             (Err(into_error(error)), "database_error")
         }
     };
-    span.record("inbox.outcome", outcome);
-    #[cfg(feature = "metrics")]
-    crate::metrics::record(handler.registration.consumer, outcome, elapsed);
+    report::finished(&span, handler.registration, outcome, started.elapsed());
     result
-}
-
-/// One span per delivery, named after what it does, with OpenTelemetry's messaging
-/// attribute names where one fits: the consumer is the consumer group, the key the
-/// message id. The outcome, the error class and the duration are recorded at the end.
-fn handling_span(
-    handler: RegisteredHandler,
-    message_id: Option<&str>,
-    read_first: bool,
-) -> tracing::Span {
-    tracing::info_span!(
-        "inbox.process",
-        messaging.operation.type = "process",
-        messaging.consumer.group.name = handler.consumer,
-        messaging.message.id = message_id,
-        code.function.name = handler.handler,
-        inbox.read_first = read_first,
-        inbox.outcome = tracing::field::Empty,
-        inbox.duration_ms = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    )
 }
 
 async fn process<C, T, E, F>(
@@ -228,6 +216,7 @@ async fn process<C, T, E, F>(
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
     read_first: bool,
+    fingerprint: Option<Fingerprint>,
     body: F,
 ) -> Result<T, Stop<E>>
 where
@@ -238,15 +227,22 @@ where
     let marker = Marker {
         message_id: message_id?,
         consumer,
+        fingerprint: fingerprint.clone().map(Fingerprint::into_string),
     };
     let enclosing = enclosing_transaction(conn)?;
-    if read_first && C::Backend::already_processed(conn, &marker).await? {
-        return Err(Stop::Duplicate);
+    let processed = if read_first && C::Backend::already_processed(conn, &marker).await? {
+        Err(Stop::Duplicate)
+    } else {
+        match enclosing {
+            Enclosing::Nothing => process_in_own_transaction(conn, &marker, body).await,
+            Enclosing::TestTransaction => test_transaction::process(conn, &marker, body).await,
+        }
+    };
+    // A duplicate with another payload is the producer's bug, not a duplicate.
+    if let (Err(Stop::Duplicate), Some(delivered)) = (&processed, &fingerprint) {
+        crate::fingerprint::check_stored(conn, marker.message_id, consumer, delivered).await?;
     }
-    match enclosing {
-        Enclosing::Nothing => process_in_own_transaction(conn, &marker, body).await,
-        Enclosing::TestTransaction => test_transaction::process(conn, &marker, body).await,
-    }
+    processed
 }
 
 async fn process_in_own_transaction<C, T, E, F>(
@@ -296,7 +292,7 @@ where
 }
 
 /// The transaction a call finds its connection in, where it can run.
-enum Enclosing {
+pub(crate) enum Enclosing {
     Nothing,
     /// Opened by `begin_test_transaction`, and nothing open inside it.
     TestTransaction,
@@ -304,7 +300,7 @@ enum Enclosing {
 
 /// Refuses a connection inside any other transaction, or whose transaction state is
 /// unknown.
-fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
+pub(crate) fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
     if test_transaction::is_open(conn) {
         return Ok(Enclosing::TestTransaction);
     }

@@ -271,6 +271,9 @@ pub async fn race<D: TestDb>(
                     match outcome {
                         Ok(Outcome::Processed(())) => report.processed += 1,
                         Ok(Outcome::Duplicate) => report.duplicates += 1,
+                        Ok(Outcome::InProgress { .. }) => {
+                            panic!("a transactional handler returned InProgress")
+                        }
                         Err(error) if classify(&error).is_retryable() => {
                             report.transient_retries += 1;
                             redeliveries += 1;

@@ -20,11 +20,29 @@ macro_rules! insert_marker_on_conflict_do_nothing {
         {
             use $crate::schema::inbox;
 
-            let insert = $crate::backend::queries::plain_insert(marker.message_id.clone(), marker.consumer)
-                .on_conflict((inbox::message_id, inbox::consumer))
-                .do_nothing();
+            let message_id = marker.message_id.clone();
+            let consumer = marker.consumer;
+            let fingerprint = marker.fingerprint.clone();
             async move {
-                if ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await? == 0 {
+                let inserted = match fingerprint {
+                    None => {
+                        let insert = $crate::backend::queries::plain_insert(message_id, consumer)
+                            .on_conflict((inbox::message_id, inbox::consumer))
+                            .do_nothing();
+                        ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await?
+                    }
+                    Some(fingerprint) => {
+                        let insert = $crate::backend::queries::fingerprinted_insert(
+                            message_id,
+                            consumer,
+                            fingerprint,
+                        )
+                        .on_conflict((inbox::message_id, inbox::consumer))
+                        .do_nothing();
+                        ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await?
+                    }
+                };
+                if inserted == 0 {
                     return Ok(false);
                 }
                 $(::diesel_async::SimpleAsyncConnection::batch_execute(conn, $then).await?;)?
@@ -34,6 +52,7 @@ macro_rules! insert_marker_on_conflict_do_nothing {
     };
 }
 
+pub(crate) mod claim_statements;
 pub(crate) mod mysql;
 pub(crate) mod pg;
 pub(crate) mod sqlite;
@@ -130,6 +149,8 @@ pub(crate) mod sealed {
     use diesel::QueryResult;
     use diesel_async::AsyncConnection;
 
+    use super::claim_statements::ClaimStatements;
+
     /// The (message, consumer) pair a call is about.
     ///
     /// Statements bind copies of it rather than borrowing it: a borrow held across an
@@ -140,6 +161,9 @@ pub(crate) mod sealed {
     pub struct Marker {
         pub message_id: String,
         pub consumer: &'static str,
+        /// Stored with the marker when the handler gives one. Without one the insert
+        /// names no column that 0.1's table lacks.
+        pub fingerprint: Option<String>,
     }
 
     /// The ids a prune walks, `start..end`: see [`Sealed::prune_bounds`].
@@ -152,8 +176,9 @@ pub(crate) mod sealed {
     }
 
     /// What [`InboxBackend`](super::InboxBackend) needs of a backend, out of reach of
-    /// other crates.
-    pub trait Sealed: diesel::backend::Backend + Sized {
+    /// other crates: the statements of transactional handlers here, claim mode's in
+    /// [`ClaimStatements`].
+    pub trait Sealed: diesel::backend::Backend + ClaimStatements + Sized {
         /// Whether the marker row is already committed. Must never see another
         /// transaction's uncommitted marker, whatever the session's isolation level: that
         /// transaction may still roll back.
@@ -206,9 +231,9 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Deletes the markers with ids in `from..to` that are older than the window, in
-        /// one statement and so one short transaction. Concurrent pruners neither
-        /// deadlock nor count a row twice.
+        /// Deletes the completed markers with ids in `from..to` that are older than the
+        /// window (never a claim that is not completed), in one statement and so one
+        /// short transaction. Concurrent pruners neither deadlock nor count a row twice.
         fn prune_batch<C>(
             conn: &mut C,
             window_micros: i64,

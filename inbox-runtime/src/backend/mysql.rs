@@ -120,7 +120,7 @@ mod imp {
     use diesel::sql_types::{BigInt, Bool, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::plain_insert;
+    use super::super::queries::{fingerprinted_insert, plain_insert};
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
     use crate::schema::INDEX_NAME;
@@ -173,9 +173,19 @@ mod imp {
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let insert = plain_insert(marker.message_id.clone(), marker.consumer);
+            let message_id = marker.message_id.clone();
+            let consumer = marker.consumer;
+            let fingerprint = marker.fingerprint.clone();
             async move {
-                match insert.execute(&mut *conn).await {
+                let inserted = match fingerprint {
+                    None => plain_insert(message_id, consumer).execute(&mut *conn).await,
+                    Some(fingerprint) => {
+                        fingerprinted_insert(message_id, consumer, fingerprint)
+                            .execute(&mut *conn)
+                            .await
+                    }
+                };
+                match inserted {
                     Ok(_) => match conn.batch_execute(AFTER_MARKER_INSERT).await {
                         Ok(()) => Ok(true),
                         Err(error) => {
@@ -245,7 +255,7 @@ mod imp {
             // so one waits for another instead of deadlocking, then finds those rows gone.
             diesel::sql_query(
                 "DELETE FROM inbox WHERE id >= ? AND id < ? \
-                 AND processed_at < NOW(6) - INTERVAL ? MICROSECOND",
+                 AND processed_at < NOW(6) - INTERVAL ? MICROSECOND AND lease_ends_at IS NULL",
             )
             .bind::<BigInt, _>(from)
             .bind::<BigInt, _>(to)
@@ -266,13 +276,27 @@ mod imp {
             // A table created by hand may lack the index, and MySQL has no
             // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
             // name" is success for us, so it is checked again rather than reported.
-            if inbox_index_exists(conn).await? {
+            if !inbox_index_exists(conn).await? {
+                let create =
+                    format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
+                match conn.batch_execute(&create).await {
+                    Err(_) if inbox_index_exists(conn).await? => {}
+                    result => result?,
+                }
+            }
+            // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
+            // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
+            // name" is success for us, so the columns are counted again.
+            if claim_columns_exist(conn).await? {
                 return Ok(());
             }
-            let create =
-                format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
-            match conn.batch_execute(&create).await {
-                Err(_) if inbox_index_exists(conn).await? => Ok(()),
+            match conn
+                .batch_execute(include_str!(
+                    "../../migrations/mysql/2026-12-01-000000_claims/up.sql"
+                ))
+                .await
+            {
+                Err(_) if claim_columns_exist(conn).await? => Ok(()),
                 result => result,
             }
         }
@@ -340,6 +364,19 @@ mod imp {
             out.push_sql(" LOCK IN SHARE MODE)");
             Ok(())
         }
+    }
+
+    async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+    {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "(SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+             AND column_name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
+        ))
+        .get_result(conn)
+        .await
     }
 
     async fn inbox_index_exists<C>(conn: &mut C) -> QueryResult<bool>

@@ -134,7 +134,7 @@ mod imp {
                 "DELETE FROM inbox WHERE id IN (\
                  SELECT id FROM inbox WHERE id >= $2 AND id < $3 \
                  AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
-                 FOR UPDATE SKIP LOCKED)",
+                 AND lease_ends_at IS NULL FOR UPDATE SKIP LOCKED)",
             )
             .bind::<BigInt, _>(window_micros)
             .bind::<BigInt, _>(from)
@@ -151,9 +151,20 @@ mod imp {
             // the tables exist. Sent as a single batch rather than through
             // `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a
             // concrete connection (rust-lang/rust#100013): `migrate` must be spawnable.
+            //
+            // The upgrade to 0.2's columns runs only where one is missing: an
+            // `ALTER TABLE`, even one with nothing to add, waits for every open handler's
+            // transaction and holds up the new ones behind it.
             let migration = format!(
-                "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {}",
-                include_str!("../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql")
+                "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {create} \
+                 DO $inbox_upgrade$ BEGIN \
+                 IF (SELECT COUNT(*) FROM pg_attribute WHERE attrelid = 'inbox'::regclass \
+                 AND attname IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint') \
+                 AND NOT attisdropped) < 4 THEN {claims} END IF; \
+                 END $inbox_upgrade$;",
+                create =
+                    include_str!("../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"),
+                claims = include_str!("../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
             );
             conn.batch_execute(&migration).await
         }

@@ -5,10 +5,12 @@ use diesel::prelude::*;
 
 use crate::schema::inbox;
 
+/// The marker's id, when there is one. Selecting the id alone keeps the statement to
+/// 0.1's columns, which a table not yet upgraded has.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[diesel::dsl::auto_type]
 pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
-    inbox::table.filter(
+    inbox::table.select(inbox::id).filter(
         inbox::message_id
             .eq(message_id)
             .and(inbox::consumer.eq(consumer)),
@@ -27,5 +29,18 @@ pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     insert_into(inbox::table).values((
         inbox::message_id.eq(message_id),
         inbox::consumer.eq(consumer),
+    ))
+}
+
+#[diesel::dsl::auto_type]
+pub(super) fn fingerprinted_insert(
+    message_id: String,
+    consumer: &'static str,
+    fingerprint: String,
+) -> _ {
+    insert_into(inbox::table).values((
+        inbox::message_id.eq(message_id),
+        inbox::consumer.eq(consumer),
+        inbox::fingerprint.eq(fingerprint),
     ))
 }

@@ -110,7 +110,7 @@ mod imp {
             // SQLite has one writer at a time: concurrent pruners take turns.
             diesel::sql_query(
                 "DELETE FROM inbox WHERE id >= ? AND id < ? \
-                 AND processed_at < datetime('now', ?)",
+                 AND processed_at < datetime('now', ?) AND lease_ends_at IS NULL",
             )
             .bind::<BigInt, _>(from)
             .bind::<BigInt, _>(to)
@@ -127,7 +127,31 @@ mod imp {
             conn.batch_execute(include_str!(
                 "../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
             ))
-            .await
+            .await?;
+            // The upgrade to 0.2's columns, where they are missing: SQLite has no
+            // `ADD COLUMN IF NOT EXISTS`, so all four go in one transaction, and a
+            // concurrent upgrader's "duplicate column name" is success for us once the
+            // columns are counted again.
+            if claim_columns_exist(conn).await? {
+                return Ok(());
+            }
+            let upgrade = concat!(
+                "BEGIN IMMEDIATE; ",
+                include_str!("../../migrations/sqlite/2026-12-01-000000_claims/up.sql"),
+                "COMMIT;"
+            );
+            match conn.batch_execute(upgrade).await {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    // A failed statement leaves the batch's transaction open.
+                    let _none_left_open = conn.batch_execute("ROLLBACK").await;
+                    if claim_columns_exist(conn).await? {
+                        Ok(())
+                    } else {
+                        Err(error)
+                    }
+                }
+            }
         }
     }
 
@@ -157,6 +181,18 @@ mod imp {
             // transaction that ended underneath the body was rolled back.
             std::future::ready(Ok(false))
         }
+    }
+
+    async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Sqlite>,
+    {
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+            "(SELECT COUNT(*) FROM pragma_table_info('inbox') \
+             WHERE name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
+        ))
+        .get_result(conn)
+        .await
     }
 
     /// The `datetime()` modifier that goes back `micros`. SQLite's `processed_at` holds

@@ -17,7 +17,7 @@ async fn shown(conn: &mut AsyncPgConnection, id: u64) -> Result<impl Display, Er
 async fn caller(conn: &mut AsyncPgConnection) -> Option<String> {
     match shown(conn, 1).await {
         Ok(Outcome::Processed(value)) => Some(value.to_string()),
-        Ok(Outcome::Duplicate) | Err(_) => None,
+        Ok(Outcome::Duplicate | Outcome::InProgress { .. }) | Err(_) => None,
     }
 }
 

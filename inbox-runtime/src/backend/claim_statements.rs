@@ -1,0 +1,146 @@
+//! The statements of claim mode, which each backend writes in its own SQL (in
+//! `crate::claims`): leases are set and compared on the database's clock, whose
+//! arithmetic differs.
+//!
+//! Every statement runs on its own, outside a transaction, and so commits by itself: a
+//! claim must be visible to every other delivery before the body makes its external
+//! call, and must outlive a crash during it.
+
+use std::future::Future;
+
+use diesel::QueryResult;
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
+use diesel_async::AsyncConnection;
+
+/// The (message, consumer) a claim statement is about.
+#[derive(Debug, Clone)]
+pub struct ClaimKey {
+    pub message_id: String,
+    pub consumer: String,
+}
+
+/// A claim to insert, or to take over with.
+#[derive(Debug, Clone)]
+pub struct NewClaim {
+    pub key: ClaimKey,
+    pub token: String,
+    pub lease_micros: i64,
+    pub fingerprint: Option<String>,
+}
+
+/// A marker as a claim-mode delivery, or a duplicate with a fingerprint, reads it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct ClaimRow {
+    /// Completed: a transactional marker, or a claim whose body finished.
+    #[diesel(sql_type = Bool)]
+    pub completed: bool,
+    /// Held by a holder whose lease has not ended.
+    #[diesel(sql_type = Bool)]
+    pub live: bool,
+    /// Released by a failed body: no holder, takeable at once.
+    #[diesel(sql_type = Bool)]
+    pub released: bool,
+    /// Until the lease ends; negative once it has.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub lease_remaining_micros: Option<i64>,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub fingerprint: Option<String>,
+}
+
+/// A claim nobody holds, as the operator's listing reads it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct StaleRow {
+    #[diesel(sql_type = Text)]
+    pub message_id: String,
+    #[diesel(sql_type = Text)]
+    pub consumer: String,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = Bool)]
+    pub released: bool,
+    #[diesel(sql_type = BigInt)]
+    pub age_micros: i64,
+    #[diesel(sql_type = BigInt)]
+    pub idle_micros: i64,
+}
+
+/// What claim mode needs of a backend, out of reach of other crates.
+pub trait ClaimStatements: diesel::backend::Backend + Sized {
+    /// Inserts the marker as a claim held by `claim.token`, attempt 1; `Ok(false)` when
+    /// a marker with this key is already there.
+    fn insert_claim<C>(
+        conn: &mut C,
+        claim: NewClaim,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// The committed marker with this key, if any, claim or not.
+    fn read_marker<C>(
+        conn: &mut C,
+        key: ClaimKey,
+    ) -> impl Future<Output = QueryResult<Option<ClaimRow>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Takes over a claim that nobody holds (its lease has ended, or a failed body
+    /// released it) and that is still at `seen_attempts`: of any number of deliveries
+    /// that saw the same attempt, exactly one gets `Ok(true)`. The winner holds it as
+    /// attempt `seen_attempts + 1`.
+    fn take_over<C>(
+        conn: &mut C,
+        claim: NewClaim,
+        seen_attempts: i32,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Completes the claim if `token` still holds it, even past its lease: nobody else
+    /// has run the body since.
+    fn complete<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Moves the lease's end to `lease_micros` from now, if `token` still holds the claim.
+    fn renew<C>(conn: &mut C, claim: NewClaim) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Releases the claim if `token` still holds it: it ends the lease now and clears
+    /// the holder, keeping the attempt count.
+    fn release<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Every claim nobody holds, oldest first.
+    fn list_stale<C>(conn: &mut C) -> impl Future<Output = QueryResult<Vec<StaleRow>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Completes a claim nobody holds, as a person decided.
+    fn complete_stale<C>(
+        conn: &mut C,
+        key: ClaimKey,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Releases a claim nobody holds with its attempts reset, as a person decided: the
+    /// next delivery runs the body as attempt 1.
+    fn release_stale<C>(
+        conn: &mut C,
+        key: ClaimKey,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+}

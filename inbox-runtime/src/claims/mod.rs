@@ -1,0 +1,274 @@
+//! Claim mode: exactly-once intent for work that cannot roll back with a transaction,
+//! such as sending an e-mail, charging a card or calling a partner's API.
+//!
+//! A transactional handler's marker commits with its writes, so a crash leaves neither.
+//! An external call has no such partner, so a claim-mode handler
+//! (`#[idempotent(…, claim)]`) works in three short steps instead, each its own
+//! statement and so its own transaction:
+//!
+//! 1. **Claim.** The marker is inserted as a claim: not completed, with a lease that
+//!    ends `lease` from now on the database's clock, attempt 1 and a fresh token. A
+//!    marker already there is read instead: completed, it is [`Outcome::Duplicate`];
+//!    held by a live claim, [`Outcome::InProgress`]; a claim whose lease has ended (its
+//!    holder crashed, or took too long) is taken over by a conditional update that
+//!    exactly one delivery wins, as attempt *n* + 1; a claim released by a failed body
+//!    is taken over the same way, at once.
+//! 2. **Body.** The body runs, outside any transaction. [`Claim::current`] gives it the
+//!    claim: the key, the attempt and the [`idempotency key`](Claim::idempotency_key)
+//!    to hand the downstream system.
+//! 3. **Complete or release.** `Ok` completes the claim, but only while this delivery's
+//!    token still holds it; `Err` releases it, so that the next delivery runs at once.
+//!
+//! A delivery that dies between 1 and 3 leaves its claim until the lease ends, and then
+//! the next delivery takes it over and calls again, with the same idempotency key. So
+//! claim mode gives exactly-once *intent*: the external effect happens once only if the
+//! downstream system deduplicates by the key it is handed, as payment providers do
+//! with their `Idempotency-Key`.
+//!
+//! The operator's side, for claims that nobody will finish by themselves (quarantined,
+//! out of attempts, or simply never redelivered): [`list_stale`], then
+//! [`complete_by_hand`] or [`release_by_hand`] once a person has reconciled the message
+//! with the downstream system.
+//!
+//! [`Outcome::Duplicate`]: crate::Outcome::Duplicate
+//! [`Outcome::InProgress`]: crate::Outcome::InProgress
+
+mod mysql;
+mod operator;
+mod pg;
+mod protocol;
+mod sqlite;
+
+use std::fmt;
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel_async::AsyncConnection;
+
+use crate::backend::InboxBackend;
+use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim};
+
+pub use operator::{StaleClaim, complete_by_hand, list_stale, release_by_hand};
+pub use protocol::{ClaimPolicy, DEFAULT_LEASE, run_claimed};
+
+/// The claim a claim-mode body runs under.
+///
+/// ```
+/// # use inbox_runtime as diesel_inbox;
+/// # async fn charge(_: uuid::Uuid) {}
+/// # async fn body() {
+/// // Inside `#[idempotent(…, claim)]`:
+/// let claim = diesel_inbox::Claim::current();
+/// // The same key on every attempt: the provider deduplicates a retried charge.
+/// charge(claim.idempotency_key()).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    message_id: String,
+    consumer: &'static str,
+    attempt: u32,
+    token: uuid::Uuid,
+    lease: Duration,
+}
+
+tokio::task_local! {
+    static CURRENT: Claim;
+}
+
+/// Derives [`Claim::idempotency_key`]: a fixed namespace, so that the same (consumer,
+/// key) gives the same UUID in every process and every version.
+const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::uuid!("5d1b6c1e-7c3a-4f0e-9a43-6b1f0d2c8e71");
+
+impl Claim {
+    /// The claim of the claim-mode body being run.
+    ///
+    /// # Panics
+    ///
+    /// Outside a claim-mode handler's body, including in a task the body spawned (hand
+    /// that task a clone instead); [`Claim::try_current`] returns `None` there.
+    #[track_caller]
+    pub fn current() -> Self {
+        Self::try_current().expect(
+            "`Claim::current()` is only available inside the body of an \
+             `#[idempotent(…, claim)]` handler, on the body's own task",
+        )
+    }
+
+    /// The claim of the claim-mode body being run, or `None` outside one.
+    pub fn try_current() -> Option<Self> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// The message's key, as stored in the inbox's `message_id` column.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// The handler's consumer name.
+    pub fn consumer(&self) -> &'static str {
+        self.consumer
+    }
+
+    /// Which attempt this is: 1 for the first delivery that claimed the message, one
+    /// more for each takeover after a lease ended or a failed body released the claim.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// This attempt's token: it names the holder in the inbox, and changes with every
+    /// attempt. Useful to correlate logs; hand the downstream system
+    /// [`Claim::idempotency_key`] instead, which does not change.
+    pub fn token(&self) -> uuid::Uuid {
+        self.token
+    }
+
+    /// The key to deduplicate by downstream: a UUID (version 5) of the consumer and the
+    /// message's key, the same on every attempt and in every process, so that a call
+    /// repeated by a takeover is recognised as the same call. 36 characters as text,
+    /// which every provider's idempotency-key header accepts.
+    pub fn idempotency_key(&self) -> uuid::Uuid {
+        let mut name = Vec::with_capacity(self.consumer.len() + self.message_id.len() + 8);
+        // Length-prefixed, so that no two (consumer, key) pairs give the same name.
+        name.extend_from_slice(&(self.consumer.len() as u64).to_be_bytes());
+        name.extend_from_slice(self.consumer.as_bytes());
+        name.extend_from_slice(self.message_id.as_bytes());
+        uuid::Uuid::new_v5(&IDEMPOTENCY_NAMESPACE, &name)
+    }
+
+    /// Extends the claim: its lease ends the handler's `lease` from now, on the
+    /// database's clock. A body that runs in steps longer than the lease calls it
+    /// between them, on the connection it was given; past a failed renewal, the next
+    /// step would repeat work that another delivery has taken over.
+    ///
+    /// # Errors
+    ///
+    /// [`ClaimError::Lost`] when another delivery has taken the claim over, or an
+    /// operator has settled it; a database error.
+    pub async fn renew<C>(&self, conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+    {
+        let claim = NewClaim {
+            key: ClaimKey {
+                message_id: self.message_id.clone(),
+                consumer: self.consumer.to_owned(),
+            },
+            token: self.token.to_string(),
+            lease_micros: micros(self.lease),
+            fingerprint: None,
+        };
+        if C::Backend::renew(conn, claim).await? {
+            Ok(())
+        } else {
+            Err(ClaimError::Lost {
+                attempt: self.attempt,
+            }
+            .into())
+        }
+    }
+
+    pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
+        CURRENT.scope(self, body).await
+    }
+}
+
+/// Why a claim-mode delivery did not run its body, or could not complete it. Carried
+/// inside the handler's `diesel::result::Error` (read it with [`ClaimError::of`]);
+/// [`classify`](crate::classify) tells what it means for the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The body returned `Ok`, but its claim no longer held when it came to complete
+    /// it (or to [renew](Claim::renew) it): its lease had ended and another delivery
+    /// took it over (which repeats the external call with the same idempotency key), or
+    /// an operator settled it.
+    /// [`Transient`](crate::ErrorClass::Transient): the redelivery finds the message
+    /// completed or in progress.
+    Lost {
+        /// The attempt that lost its claim.
+        attempt: u32,
+    },
+    /// The claim has been attempted `max_attempts` times. The body did not run again.
+    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
+    /// stays in [`list_stale`] for a person.
+    AttemptsExhausted {
+        /// How many times the body was started.
+        attempts: u32,
+    },
+    /// The claim's lease ended without the claim being completed or released (its
+    /// holder crashed, or outlived the lease), and the handler has `takeover = false`:
+    /// the body must not run twice without a person. The body did not run.
+    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
+    /// stays in [`list_stale`].
+    Quarantined {
+        /// How many times the body was started.
+        attempts: u32,
+    },
+    /// The handler's `lease` is zero or longer than a week. Nothing was written.
+    /// [`Permanent`](crate::ErrorClass::Permanent), like the configuration mistake it is.
+    InvalidLease {
+        /// The lease given.
+        lease: Duration,
+    },
+}
+
+impl ClaimError {
+    /// The claim error inside a diesel error, when it is one.
+    pub fn of(error: &diesel::result::Error) -> Option<&Self> {
+        match error {
+            diesel::result::Error::SerializationError(inner) => inner.downcast_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether a later delivery can succeed: only [`ClaimError::Lost`].
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, Self::Lost { .. })
+    }
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lost { attempt } => write!(
+                f,
+                "attempt {attempt} finished its body after its claim's lease ended, and \
+                 the claim had been taken over or settled by then: it was not completed \
+                 by this delivery (the downstream system sees the same idempotency key \
+                 again from whoever holds it)"
+            ),
+            Self::AttemptsExhausted { attempts } => write!(
+                f,
+                "the claim was attempted {attempts} times, the handler's `max_attempts`: \
+                 the body did not run again; settle it by hand (diesel_inbox::claims)"
+            ),
+            Self::Quarantined { attempts } => write!(
+                f,
+                "the claim's lease ended during attempt {attempts} without it completing, \
+                 and the handler does not take claims over (`takeover = false`): the body \
+                 did not run again; reconcile the message with the downstream system, then \
+                 settle it by hand (diesel_inbox::claims)"
+            ),
+            Self::InvalidLease { lease } => write!(
+                f,
+                "the handler's claim lease is {lease:?}: a lease must be at least 1 ms, \
+                 and at most a week, beyond which nothing would ever take a claim over"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {}
+
+impl From<ClaimError> for diesel::result::Error {
+    fn from(error: ClaimError) -> Self {
+        Self::SerializationError(Box::new(error))
+    }
+}
+
+/// A lease as the statements bind it, in microseconds, saturating far beyond any clock.
+fn micros(lease: Duration) -> i64 {
+    i64::try_from(lease.as_micros()).unwrap_or(i64::MAX)
+}

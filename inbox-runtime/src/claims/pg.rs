@@ -1,0 +1,173 @@
+//! Claim mode on PostgreSQL: `now()` is the statement's transaction start, and every
+//! statement here is a transaction of its own.
+
+#![cfg(feature = "postgres")]
+
+use diesel::QueryResult;
+use diesel::pg::Pg;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+
+/// A claim nobody holds: not completed, and released or past its lease.
+const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= now())";
+
+impl ClaimStatements for Pg {
+    async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // ON CONFLICT DO NOTHING waits for a concurrent insert of the same key, like
+        // the transactional handlers' marker insert, and raises no error to log.
+        let inserted = diesel::sql_query(
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+             fingerprint) VALUES ($1, $2, now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        )
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<BigInt, _>(claim.lease_micros)
+        .bind::<Text, _>(claim.token)
+        .bind::<Nullable<Text>, _>(claim.fingerprint)
+        .execute(conn)
+        .await?;
+        Ok(inserted == 1)
+    }
+
+    async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let rows = diesel::sql_query(
+            "SELECT lease_ends_at IS NULL AS completed, \
+             COALESCE(claim_token IS NOT NULL AND lease_ends_at > now(), false) AS live, \
+             lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
+             CAST(EXTRACT(EPOCH FROM lease_ends_at - now()) * 1000000 AS bigint) \
+             AS lease_remaining_micros, attempts, fingerprint \
+             FROM inbox WHERE message_id = $1 AND consumer = $2",
+        )
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .load::<ClaimRow>(conn)
+        .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn take_over<C>(conn: &mut C, claim: NewClaim, seen_attempts: i32) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // A second taker waits for the first one's row lock, then finds the attempt
+        // count moved on: READ COMMITTED re-checks the condition on the new row.
+        let taken = diesel::sql_query(format!(
+            "UPDATE inbox SET claim_token = $3, \
+             lease_ends_at = now() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
+             WHERE message_id = $1 AND consumer = $2 AND attempts = $5 AND {STALE}"
+        ))
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Text, _>(claim.token)
+        .bind::<BigInt, _>(claim.lease_micros)
+        .bind::<Integer, _>(seen_attempts)
+        .execute(conn)
+        .await?;
+        Ok(taken == 1)
+    }
+
+    async fn complete<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let completed = diesel::sql_query(
+            "UPDATE inbox SET lease_ends_at = NULL, processed_at = now() \
+             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
+             AND lease_ends_at IS NOT NULL",
+        )
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .bind::<Text, _>(token)
+        .execute(conn)
+        .await?;
+        Ok(completed == 1)
+    }
+
+    async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let renewed = diesel::sql_query(
+            "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
+             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
+             AND lease_ends_at IS NOT NULL",
+        )
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Text, _>(claim.token)
+        .bind::<BigInt, _>(claim.lease_micros)
+        .execute(conn)
+        .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let released = diesel::sql_query(
+            "UPDATE inbox SET claim_token = NULL, lease_ends_at = now() \
+             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
+             AND lease_ends_at IS NOT NULL",
+        )
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .bind::<Text, _>(token)
+        .execute(conn)
+        .await?;
+        Ok(released == 1)
+    }
+
+    async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(format!(
+            "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
+             CAST(EXTRACT(EPOCH FROM now() - processed_at) * 1000000 AS bigint) AS age_micros, \
+             CAST(EXTRACT(EPOCH FROM now() - lease_ends_at) * 1000000 AS bigint) AS idle_micros \
+             FROM inbox WHERE {STALE} ORDER BY id"
+        ))
+        .load(conn)
+        .await
+    }
+
+    async fn complete_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let completed = diesel::sql_query(format!(
+            "UPDATE inbox SET lease_ends_at = NULL, processed_at = now() \
+             WHERE message_id = $1 AND consumer = $2 AND {STALE}"
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .execute(conn)
+        .await?;
+        Ok(completed == 1)
+    }
+
+    async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let released = diesel::sql_query(format!(
+            "UPDATE inbox SET claim_token = NULL, lease_ends_at = now(), attempts = 0 \
+             WHERE message_id = $1 AND consumer = $2 AND {STALE}"
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .execute(conn)
+        .await?;
+        Ok(released == 1)
+    }
+}

@@ -1,0 +1,278 @@
+//! The claim, the body and the completion, as `#[idempotent(…, claim)]` runs them.
+
+use std::time::{Duration, Instant};
+
+use diesel::result::Error;
+use diesel_async::AsyncConnection;
+use tracing::Instrument as _;
+
+use super::{Claim, ClaimError, micros};
+use crate::backend::InboxBackend;
+use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim};
+use crate::classify::classify;
+use crate::fingerprint::{self, Fingerprint};
+use crate::key::InvalidKey;
+use crate::outcome::Outcome;
+use crate::report;
+use crate::transaction::{Handler, enclosing_transaction};
+
+/// How long a claim is held when the handler sets no `lease`: five minutes.
+///
+/// The lease must outlast the body, external call and its retries included: a body
+/// still running when its lease ends can be taken over, and the call then happens
+/// twice at once (the downstream system must dedupe it by the idempotency key either
+/// way). A lease too long only delays the redelivery after a crash, which is the
+/// cheaper mistake. Five minutes covers an HTTP client's usual 30 s timeout several
+/// times over, and is short beside brokers' redelivery windows (SQS retains messages
+/// for days, JetStream redelivers until `MaxDeliver`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
+
+/// Leases longer than this are rejected: a claim held for a week outlives every
+/// broker's redelivery, so nothing would ever take it over.
+const LONGEST_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Takes after a takeover lost to another delivery, before giving up as in progress.
+const ACQUIRE_ROUNDS: usize = 4;
+
+/// A claim-mode handler's `lease`, `max_attempts` and `takeover`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimPolicy {
+    lease: Duration,
+    max_attempts: Option<u32>,
+    takeover: bool,
+}
+
+impl ClaimPolicy {
+    #[doc(hidden)]
+    pub const fn new(lease: Option<Duration>, max_attempts: Option<u32>, takeover: bool) -> Self {
+        Self {
+            lease: match lease {
+                Some(lease) => lease,
+                None => DEFAULT_LEASE,
+            },
+            max_attempts,
+            takeover,
+        }
+    }
+}
+
+/// How a claim-mode delivery ended.
+enum Settled<T, E> {
+    Processed(T),
+    Duplicate,
+    InProgress(Option<Duration>),
+    Handler(E),
+    Database(Error),
+}
+
+impl<T, E> From<Error> for Settled<T, E> {
+    fn from(error: Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+/// Runs `body` under a claim on (`message_id`, `consumer`): at most one delivery at a
+/// time, until one completes it. This is what `#[idempotent(…, claim)]` expands to;
+/// [the module's documentation](crate::claims) describes the protocol.
+///
+/// The returned future is `Send` exactly when `body`'s is.
+pub async fn run_claimed<C, T, E, F>(
+    conn: &mut C,
+    handler: &'static Handler,
+    message_id: Result<String, InvalidKey>,
+    policy: ClaimPolicy,
+    fingerprint: Option<Fingerprint>,
+    into_error: fn(Error) -> E,
+    body: F,
+) -> Result<Outcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
+{
+    let registration = handler.registration;
+    let span = report::delivery_span(registration, message_id.as_deref().ok(), "claim", false);
+    let started = Instant::now();
+    let settled = claim_and_run(
+        conn,
+        registration.consumer,
+        message_id,
+        policy,
+        fingerprint,
+        body,
+    )
+    .instrument(span.clone())
+    .await;
+    let (result, outcome) = match settled {
+        Settled::Processed(value) => (Ok(Outcome::Processed(value)), "processed"),
+        Settled::Duplicate => {
+            tracing::debug!(parent: &span, "already completed: the body did not run");
+            (Ok(Outcome::Duplicate), "duplicate")
+        }
+        Settled::InProgress(lease_remaining) => {
+            tracing::debug!(
+                parent: &span,
+                inbox.lease_remaining_ms = lease_remaining.map(|left| left.as_secs_f64() * 1e3),
+                "claimed by another delivery: the body did not run"
+            );
+            (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
+        }
+        Settled::Handler(error) => (Err(error), "handler_error"),
+        Settled::Database(error) => {
+            span.record("error.type", tracing::field::debug(classify(&error)));
+            tracing::debug!(parent: &span, error = %error, "the claim was not completed");
+            (Err(into_error(error)), "database_error")
+        }
+    };
+    report::finished(&span, registration, outcome, started.elapsed());
+    result
+}
+
+async fn claim_and_run<C, T, E, F>(
+    conn: &mut C,
+    consumer: &'static str,
+    message_id: Result<String, InvalidKey>,
+    policy: ClaimPolicy,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Settled<T, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
+{
+    let key = match message_id {
+        Ok(message_id) => ClaimKey {
+            message_id,
+            consumer: consumer.to_owned(),
+        },
+        Err(invalid) => return Settled::Database(invalid.into()),
+    };
+    if policy.lease < Duration::from_millis(1) || policy.lease > LONGEST_LEASE {
+        return Settled::Database(
+            ClaimError::InvalidLease {
+                lease: policy.lease,
+            }
+            .into(),
+        );
+    }
+    // Each claim statement must commit on its own, before the body's external call.
+    if let Err(error) = enclosing_transaction(conn) {
+        return Settled::Database(error);
+    }
+    let claim = match acquire(conn, consumer, &key, policy, fingerprint).await {
+        Ok(Acquired::Held(claim)) => claim,
+        Ok(Acquired::Settled(settled)) => return settled,
+        Err(error) => return Settled::Database(error),
+    };
+    tracing::Span::current().record("inbox.attempt", claim.attempt);
+    let token = claim.token.to_string();
+    let attempt = claim.attempt;
+    match claim.scope(body(&mut *conn)).await {
+        Ok(value) => match C::Backend::complete(conn, key, token).await {
+            Ok(true) => Settled::Processed(value),
+            Ok(false) => {
+                tracing::warn!(
+                    inbox.attempt = attempt,
+                    "the body outlived its claim's lease and the claim was taken over: \
+                     not completed by this delivery"
+                );
+                Settled::Database(ClaimError::Lost { attempt }.into())
+            }
+            Err(error) => Settled::Database(error),
+        },
+        Err(error) => {
+            // Released so that the next delivery runs at once; should that fail, the
+            // lease ends and the claim is taken over then. The body's error says more.
+            if let Err(release) = C::Backend::release(conn, key, token).await {
+                tracing::warn!(error = %release, "could not release the claim after the body failed");
+            }
+            Settled::Handler(error)
+        }
+    }
+}
+
+/// What the claim step found.
+enum Acquired<T, E> {
+    /// This delivery holds the claim and runs the body.
+    Held(Claim),
+    /// It does not: a duplicate, in progress elsewhere, or refused.
+    Settled(Settled<T, E>),
+}
+
+/// Claims the key, or takes over a claim nobody holds, or says why the body must not
+/// run.
+async fn acquire<C, T, E>(
+    conn: &mut C,
+    consumer: &'static str,
+    key: &ClaimKey,
+    policy: ClaimPolicy,
+    fingerprint: Option<Fingerprint>,
+) -> Result<Acquired<T, E>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let lease_micros = micros(policy.lease);
+    for _ in 0..ACQUIRE_ROUNDS {
+        let token = uuid::Uuid::new_v4();
+        let held = |attempt: i32| {
+            Acquired::Held(Claim {
+                message_id: key.message_id.clone(),
+                consumer,
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                token,
+                lease: policy.lease,
+            })
+        };
+        let claim = NewClaim {
+            key: key.clone(),
+            token: token.to_string(),
+            lease_micros,
+            fingerprint: fingerprint.clone().map(Fingerprint::into_string),
+        };
+        if C::Backend::insert_claim(conn, claim.clone()).await? {
+            return Ok(held(1));
+        }
+        // Gone since the insert found it: pruned, or settled by hand. Claim it anew.
+        let Some(found) = C::Backend::read_marker(conn, key.clone()).await? else {
+            continue;
+        };
+        fingerprint::check(
+            &key.message_id,
+            consumer,
+            found.fingerprint,
+            fingerprint.as_ref(),
+        )?;
+        if found.completed {
+            return Ok(Acquired::Settled(Settled::Duplicate));
+        }
+        if found.live {
+            let remaining = found
+                .lease_remaining_micros
+                .and_then(|micros| u64::try_from(micros).ok())
+                .map(Duration::from_micros);
+            return Ok(Acquired::Settled(Settled::InProgress(remaining)));
+        }
+        let attempts = u32::try_from(found.attempts).unwrap_or(0);
+        if policy.max_attempts.is_some_and(|max| attempts >= max) {
+            return Err(ClaimError::AttemptsExhausted { attempts }.into());
+        }
+        // A released claim failed cleanly and may run again; one whose lease ended may
+        // have made its external call.
+        if !found.released && !policy.takeover {
+            return Err(ClaimError::Quarantined { attempts }.into());
+        }
+        if C::Backend::take_over(conn, claim, found.attempts).await? {
+            tracing::info!(
+                inbox.attempt = found.attempts + 1,
+                inbox.released = found.released,
+                "took over a claim nobody held"
+            );
+            return Ok(held(found.attempts + 1));
+        }
+        // Another delivery took it over first: read it again.
+    }
+    Ok(Acquired::Settled(Settled::InProgress(None)))
+}

@@ -1,0 +1,204 @@
+//! Claim mode on SQLite: times are UTC text, `YYYY-MM-DD HH:MM:SS.SSS`, which compares
+//! in time order; SQLite's clock has millisecond precision. Writers take turns, so a
+//! conditional update has no concurrent rival to wait for.
+
+#![cfg(feature = "sqlite")]
+
+use diesel::QueryResult;
+use diesel::sql_types::{Integer, Nullable, Text};
+use diesel::sqlite::Sqlite;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+
+/// Now, in the format leases are stored in.
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    };
+}
+
+/// Microseconds between two times, from their Julian day numbers.
+macro_rules! micros_between {
+    ($from:expr, $to:expr) => {
+        concat!(
+            "CAST(ROUND((julianday(",
+            $to,
+            ") - julianday(",
+            $from,
+            ")) * 86400000000.0) AS INTEGER)"
+        )
+    };
+}
+
+/// A claim nobody holds: not completed, and released or past its lease.
+const STALE: &str = concat!(
+    "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= ",
+    now!(),
+    ")"
+);
+
+/// The `strftime` modifier that moves a time `micros` ahead.
+fn ahead(micros: i64) -> String {
+    format!("+{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
+}
+
+impl ClaimStatements for Sqlite {
+    async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let inserted = diesel::sql_query(
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+             fingerprint) VALUES (?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, 1, ?) \
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        )
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Text, _>(ahead(claim.lease_micros))
+        .bind::<Text, _>(claim.token)
+        .bind::<Nullable<Text>, _>(claim.fingerprint)
+        .execute(conn)
+        .await?;
+        Ok(inserted == 1)
+    }
+
+    async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let rows = diesel::sql_query(concat!(
+            "SELECT lease_ends_at IS NULL AS completed, \
+             COALESCE(claim_token IS NOT NULL AND lease_ends_at > ",
+            now!(),
+            ", 0) AS live, \
+             lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, ",
+            micros_between!(now!(), "lease_ends_at"),
+            " AS lease_remaining_micros, attempts, fingerprint \
+             FROM inbox WHERE message_id = ? AND consumer = ?"
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .load::<ClaimRow>(conn)
+        .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn take_over<C>(conn: &mut C, claim: NewClaim, seen_attempts: i32) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let taken = diesel::sql_query(format!(
+            "UPDATE inbox SET claim_token = ?, \
+             lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), attempts = attempts + 1 \
+             WHERE message_id = ? AND consumer = ? AND attempts = ? AND {STALE}"
+        ))
+        .bind::<Text, _>(claim.token)
+        .bind::<Text, _>(ahead(claim.lease_micros))
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Integer, _>(seen_attempts)
+        .execute(conn)
+        .await?;
+        Ok(taken == 1)
+    }
+
+    async fn complete<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // `processed_at` in the format of its default, which `prune` compares against.
+        let completed = diesel::sql_query(
+            "UPDATE inbox SET lease_ends_at = NULL, processed_at = datetime('now') \
+             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
+             AND lease_ends_at IS NOT NULL",
+        )
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .bind::<Text, _>(token)
+        .execute(conn)
+        .await?;
+        Ok(completed == 1)
+    }
+
+    async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let renewed = diesel::sql_query(
+            "UPDATE inbox SET lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
+             AND lease_ends_at IS NOT NULL",
+        )
+        .bind::<Text, _>(ahead(claim.lease_micros))
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Text, _>(claim.token)
+        .execute(conn)
+        .await?;
+        Ok(renewed == 1)
+    }
+
+    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let released = diesel::sql_query(concat!(
+            "UPDATE inbox SET claim_token = NULL, lease_ends_at = ",
+            now!(),
+            " WHERE message_id = ? AND consumer = ? AND claim_token = ? \
+             AND lease_ends_at IS NOT NULL"
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .bind::<Text, _>(token)
+        .execute(conn)
+        .await?;
+        Ok(released == 1)
+    }
+
+    async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(format!(
+            "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
+             {age} AS age_micros, {idle} AS idle_micros FROM inbox WHERE {STALE} ORDER BY id",
+            age = micros_between!("processed_at", now!()),
+            idle = micros_between!("lease_ends_at", now!()),
+        ))
+        .load(conn)
+        .await
+    }
+
+    async fn complete_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let completed = diesel::sql_query(format!(
+            "UPDATE inbox SET lease_ends_at = NULL, processed_at = datetime('now') \
+             WHERE message_id = ? AND consumer = ? AND {STALE}"
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .execute(conn)
+        .await?;
+        Ok(completed == 1)
+    }
+
+    async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let released = diesel::sql_query(format!(
+            "UPDATE inbox SET claim_token = NULL, lease_ends_at = {now}, attempts = 0 \
+             WHERE message_id = ? AND consumer = ? AND {STALE}",
+            now = now!(),
+        ))
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .execute(conn)
+        .await?;
+        Ok(released == 1)
+    }
+}
