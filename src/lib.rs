@@ -66,6 +66,12 @@
 pub use inbox_macros::idempotent;
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::Pruner;
+#[cfg(any(feature = "lapin", feature = "nats"))]
+pub use inbox_runtime::broker::MissingKey;
+#[cfg(feature = "lapin")]
+pub use inbox_runtime::broker::lapin;
+#[cfg(feature = "nats")]
+pub use inbox_runtime::broker::nats;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;

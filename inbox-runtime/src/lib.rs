@@ -8,6 +8,8 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+#[cfg(any(feature = "lapin", feature = "nats"))]
+pub mod broker;
 mod classify;
 mod disposition;
 mod fast_path;
