@@ -66,8 +66,10 @@
 pub use inbox_macros::idempotent;
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::Pruner;
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub use inbox_runtime::broker::MissingKey;
+#[cfg(feature = "kafka")]
+pub use inbox_runtime::broker::kafka;
 #[cfg(feature = "lapin")]
 pub use inbox_runtime::broker::lapin;
 #[cfg(feature = "nats")]

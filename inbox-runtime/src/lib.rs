@@ -8,7 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
-#[cfg(any(feature = "lapin", feature = "nats"))]
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub mod broker;
 mod classify;
 mod disposition;

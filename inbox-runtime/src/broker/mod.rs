@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "lapin")]
 pub mod lapin;
 #[cfg(feature = "nats")]
