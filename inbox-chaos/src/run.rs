@@ -247,6 +247,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
     );
     let outcome = async {
         let dropped = topology.publish(&published).await?;
+        let published_in = started.elapsed();
         if dropped > 0 {
             println!("the broker dropped {dropped} copies as duplicates of its own");
         }
@@ -274,7 +275,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             "kills survived: {kills} (consumer processes started: {})\n\
              deliveries settled: {} processed, {} duplicates acked, {} retried, \
              {} dead-lettered, {} unsettled; redeliveries seen: {}\n\
-             elapsed: {:.1} s",
+             elapsed: {:.1} s (publishing {:.1} s, consuming under kills until drained {:.1} s)",
             consumers.started,
             Counters::get(&counters.processed),
             Counters::get(&counters.duplicates),
@@ -283,6 +284,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             Counters::get(&counters.unsettled),
             Counters::get(&counters.redelivered),
             elapsed.as_secs_f64(),
+            published_in.as_secs_f64(),
+            (elapsed - published_in).as_secs_f64(),
         );
         Ok::<_, BoxError>(verdict)
     }
