@@ -227,11 +227,19 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
     .await?;
 
     let topology = match args.broker {
-        Broker::Rabbitmq => {
-            Topology::Rabbitmq(rabbitmq::Topology::create(&args.endpoints.amqp_url, &name).await?)
-        }
-        Broker::Nats => {
-            Topology::Nats(nats::Topology::create(&args.endpoints.nats_url, &name).await?)
+        Broker::Rabbitmq => rabbitmq::Topology::create(&args.endpoints.amqp_url, &name)
+            .await
+            .map(Topology::Rabbitmq),
+        Broker::Nats => nats::Topology::create(&args.endpoints.nats_url, &name)
+            .await
+            .map(Topology::Nats),
+    };
+    let topology = match topology {
+        Ok(topology) => topology,
+        Err(error) => {
+            drop(conn);
+            db.cleanup().await?;
+            return Err(error);
         }
     };
     let (unique, published) = plan(&args, &run_id);
