@@ -66,6 +66,14 @@
 pub use inbox_macros::idempotent;
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::Pruner;
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+pub use inbox_runtime::broker::MissingKey;
+#[cfg(feature = "kafka")]
+pub use inbox_runtime::broker::kafka;
+#[cfg(feature = "lapin")]
+pub use inbox_runtime::broker::lapin;
+#[cfg(feature = "nats")]
+pub use inbox_runtime::broker::nats;
 pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;

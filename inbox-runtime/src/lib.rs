@@ -8,6 +8,8 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
+pub mod broker;
 pub mod claims;
 mod classify;
 mod disposition;

@@ -1,0 +1,155 @@
+//! The crediting workload: the `#[idempotent]` handler, the naive one it replaces, and
+//! what a consumer reports about each delivery.
+
+use std::time::Duration;
+
+use diesel::dsl::{exists, insert_into, select};
+use diesel::prelude::*;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_inbox::{Disposition, Outcome, idempotent};
+
+use crate::{BoxError, Handler};
+
+/// Stands in for the work between reading and writing (a lookup, a computation): what
+/// keeps the naive handler's check-then-act window open, and what a kill lands in.
+const HANDLER_WORK: Duration = Duration::from_millis(2);
+
+diesel::table! {
+    accounts (id) {
+        id -> BigInt,
+        balance -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// One row per credit applied by the naive handler. No unique index: that is its
+    /// mistake, and what lets the run count its double applications.
+    naive_applied (id) {
+        id -> BigInt,
+        message_id -> Text,
+    }
+}
+
+pub(crate) const SCHEMA: &str = "
+    CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL);
+    CREATE TABLE naive_applied (id bigserial PRIMARY KEY, message_id text NOT NULL);
+    CREATE INDEX naive_applied_message_id ON naive_applied (message_id);
+";
+
+/// A message as published: its id and its credit.
+pub(crate) type Message = (String, Credit);
+
+/// A credit message: its payload is `"<account> <amount>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Credit {
+    pub(crate) account: i64,
+    pub(crate) amount: i64,
+}
+
+impl Credit {
+    pub(crate) fn payload(&self) -> Vec<u8> {
+        format!("{} {}", self.account, self.amount).into_bytes()
+    }
+
+    pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(payload).ok()?;
+        let (account, amount) = text.split_once(' ')?;
+        Some(Self {
+            account: account.parse().ok()?,
+            amount: amount.parse().ok()?,
+        })
+    }
+}
+
+#[idempotent(consumer = "chaos-credit", key = key)]
+async fn credit(conn: &mut AsyncPgConnection, key: &str, msg: Credit) -> QueryResult<()> {
+    tokio::time::sleep(HANDLER_WORK).await;
+    diesel::update(accounts::table.find(msg.account))
+        .set(accounts::balance.eq(accounts::balance + msg.amount))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn naive_credit(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    msg: Credit,
+) -> QueryResult<Outcome<()>> {
+    conn.transaction(async |conn| {
+        let seen = select(exists(
+            naive_applied::table.filter(naive_applied::message_id.eq(key)),
+        ))
+        .get_result::<bool>(conn)
+        .await?;
+        if seen {
+            return Ok(Outcome::Duplicate);
+        }
+        tokio::time::sleep(HANDLER_WORK).await;
+        diesel::update(accounts::table.find(msg.account))
+            .set(accounts::balance.eq(accounts::balance + msg.amount))
+            .execute(conn)
+            .await?;
+        insert_into(naive_applied::table)
+            .values(naive_applied::message_id.eq(key))
+            .execute(conn)
+            .await?;
+        Ok(Outcome::Processed(()))
+    })
+    .await
+}
+
+pub(crate) type PgPool = Pool<AsyncPgConnection>;
+
+pub(crate) fn pool(schema_url: &str, size: u16) -> Result<PgPool, BoxError> {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(schema_url);
+    Ok(Pool::builder(manager).max_size(size.into()).build()?)
+}
+
+/// Runs `handler` on one delivery and says what to tell the broker, with the label
+/// the consumer reports. A delivery with no key or an unreadable payload is
+/// dead-lettered and never processed.
+pub(crate) async fn handle(
+    pool: &PgPool,
+    handler: Handler,
+    key: Result<String, String>,
+    payload: &[u8],
+) -> (Disposition, &'static str) {
+    let key = match key {
+        Ok(key) => key,
+        Err(reason) => return (Disposition::DeadLetter { reason }, "dead-lettered"),
+    };
+    let Some(msg) = Credit::parse(payload) else {
+        let reason = "not a credit message".to_owned();
+        return (Disposition::DeadLetter { reason }, "dead-lettered");
+    };
+    let mut conn = match pool.get().await {
+        Ok(conn) => conn,
+        Err(_) => return (Disposition::Retry { after: None }, "retried"),
+    };
+    let result = match handler {
+        Handler::Inbox => credit(&mut conn, &key, msg).await,
+        Handler::Naive => naive_credit(&mut conn, &key, msg).await,
+    };
+    let label = match &result {
+        Ok(Outcome::Processed(())) => "processed",
+        Ok(Outcome::Duplicate) => "duplicate",
+        Ok(Outcome::InProgress { .. }) => "in_progress",
+        Err(_) => "failed",
+    };
+    let disposition = Disposition::of(&result);
+    let label = match disposition {
+        Disposition::Ack => label,
+        Disposition::Retry { .. } => "retried",
+        Disposition::DeadLetter { .. } => "dead-lettered",
+    };
+    (disposition, label)
+}
+
+/// One line per settled delivery on stdout, which the run counts: `<outcome>
+/// <redelivered>`. Line-buffered, so a kill loses at most the line being written.
+pub(crate) fn report(label: &str, redelivered: bool) {
+    println!("{label} {}", u8::from(redelivered));
+}

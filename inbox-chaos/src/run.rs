@@ -1,0 +1,440 @@
+//! The run: plan -> publish -> consume under kills -> drain -> verify -> report.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_inbox::testing::{TestDatabase, select_i64};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::handlers::{Credit, Message, SCHEMA};
+use crate::{BoxError, Broker, Handler, RunArgs, nats, rabbitmq};
+
+const ACCOUNTS: i64 = 50;
+/// Messages to a publishing chunk; a duplicate is at most twice as far from its original.
+const DUPLICATE_DISTANCE: usize = 12;
+
+#[expect(clippy::large_enum_variant, reason = "one value per run")]
+enum Topology {
+    Rabbitmq(rabbitmq::Topology),
+    Nats(nats::Topology),
+}
+
+impl Topology {
+    async fn publish(&self, chunks: &[Vec<Message>]) -> Result<u64, BoxError> {
+        match self {
+            Self::Rabbitmq(topology) => topology.publish(&chunks.concat()).await,
+            Self::Nats(topology) => topology.publish(chunks).await,
+        }
+    }
+
+    /// Messages still to be handled.
+    async fn ready(&self) -> Result<u64, BoxError> {
+        match self {
+            Self::Rabbitmq(topology) => topology.ready().await,
+            Self::Nats(topology) => topology.ready().await,
+        }
+    }
+
+    /// Messages left in the queue or stream once every consumer has stopped.
+    async fn left(&self) -> Result<u64, BoxError> {
+        match self {
+            Self::Rabbitmq(topology) => topology.ready().await,
+            Self::Nats(topology) => topology.stored().await,
+        }
+    }
+
+    async fn dead_letters(&self) -> Result<u64, BoxError> {
+        match self {
+            Self::Rabbitmq(topology) => topology.dead_letters().await,
+            Self::Nats(topology) => topology.dead_letters().await,
+        }
+    }
+
+    async fn delete(self) -> Result<(), BoxError> {
+        match self {
+            Self::Rabbitmq(topology) => topology.delete().await,
+            Self::Nats(topology) => topology.delete().await,
+        }
+    }
+}
+
+/// What the consumers reported, one line per settled delivery.
+#[derive(Default)]
+struct Counters {
+    processed: AtomicU64,
+    duplicates: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    unsettled: AtomicU64,
+    redelivered: AtomicU64,
+}
+
+impl Counters {
+    fn record(&self, line: &str) {
+        let (label, redelivered) = line.split_once(' ').unwrap_or((line, "0"));
+        let counter = match label {
+            "processed" => &self.processed,
+            "duplicate" => &self.duplicates,
+            "retried" => &self.retried,
+            "dead-lettered" => &self.dead_lettered,
+            _ => &self.unsettled,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if redelivered == "1" {
+            self.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+struct Consumers<'a> {
+    args: &'a RunArgs,
+    name: &'a str,
+    schema_url: &'a str,
+    counters: Arc<Counters>,
+    running: Vec<Child>,
+    started: u64,
+}
+
+impl Consumers<'_> {
+    fn start(&mut self) -> Result<(), BoxError> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("consume")
+            .args(["--broker", &value_name(self.args.broker)])
+            .args(["--handler", &value_name(self.args.handler())])
+            .args(["--name", self.name])
+            .args(["--concurrency", &self.args.concurrency.to_string()])
+            .args(["--schema-url", self.schema_url])
+            .args(["--database-url", &self.args.endpoints.database_url])
+            .args(["--amqp-url", &self.args.endpoints.amqp_url])
+            .args(["--nats-url", &self.args.endpoints.nats_url])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let counters = Arc::clone(&self.counters);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                counters.record(&line);
+            }
+        });
+        self.running.push(child);
+        self.started += 1;
+        Ok(())
+    }
+
+    /// SIGKILL to a random consumer, then a new one in its place.
+    async fn kill_one(&mut self) -> Result<(), BoxError> {
+        let mut victim = self
+            .running
+            .swap_remove(fastrand::usize(..self.running.len()));
+        victim.start_kill()?;
+        victim.wait().await?;
+        self.start()
+    }
+
+    /// SIGTERM to every consumer: each stops taking deliveries and finishes its handlers.
+    async fn stop_all(&mut self) -> Result<(), BoxError> {
+        for child in &self.running {
+            if let Some(pid) = child.id() {
+                Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await?;
+            }
+        }
+        for mut child in self.running.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(30), child.wait())
+                .await
+                .is_err()
+            {
+                child.start_kill()?;
+                child.wait().await?;
+                return Err("a consumer did not stop within 30 s of SIGTERM".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn value_name<T: ValueEnum>(value: T) -> String {
+    let value = value.to_possible_value().expect("no skipped variants");
+    value.get_name().to_owned()
+}
+
+/// The unique messages, and the order they are published in, in chunks of
+/// `DUPLICATE_DISTANCE`: each duplicate goes into the chunk after its original's, as a
+/// producer retrying a lost confirm sends it soon after, close enough for the two
+/// copies to be handled at the same time by different consumers.
+fn plan(args: &RunArgs, run: &str) -> (Vec<Message>, Vec<Vec<Message>>) {
+    let unique: Vec<_> = (0..args.messages)
+        .map(|n| {
+            let credit = Credit {
+                account: fastrand::i64(1..=ACCOUNTS),
+                amount: fastrand::i64(1..=1000),
+            };
+            (format!("{run}-{n}"), credit)
+        })
+        .collect();
+    let mut chunks = Vec::new();
+    let mut duplicates = Vec::new();
+    for originals in unique.chunks(DUPLICATE_DISTANCE) {
+        let mut chunk = originals.to_vec();
+        for duplicate in duplicates.drain(..) {
+            chunk.insert(fastrand::usize(..=chunk.len()), duplicate);
+        }
+        duplicates = originals
+            .iter()
+            .filter(|_| fastrand::f64() < args.duplicates)
+            .cloned()
+            .collect();
+        chunks.push(chunk);
+    }
+    if !duplicates.is_empty() {
+        chunks.push(duplicates);
+    }
+    (unique, chunks)
+}
+
+pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.timeout_secs);
+    let broker = value_name(args.broker);
+    let handler = value_name(args.handler());
+    let run_id = format!("{}{}", std::process::id(), fastrand::u32(..));
+    let name = format!("inbox-chaos-{broker}-{run_id}");
+
+    let db = TestDatabase::postgres(
+        &args.endpoints.database_url,
+        &format!("chaos_{broker}_{run_id}"),
+    )
+    .await?;
+    let mut conn = db.connect().await?;
+    conn.batch_execute(SCHEMA).await?;
+    conn.batch_execute(&format!(
+        "INSERT INTO accounts SELECT id, 0 FROM generate_series(1, {ACCOUNTS}) AS id"
+    ))
+    .await?;
+
+    let topology = match args.broker {
+        Broker::Rabbitmq => rabbitmq::Topology::create(&args.endpoints.amqp_url, &name)
+            .await
+            .map(Topology::Rabbitmq),
+        Broker::Nats => nats::Topology::create(&args.endpoints.nats_url, &name)
+            .await
+            .map(Topology::Nats),
+    };
+    let topology = match topology {
+        Ok(topology) => topology,
+        Err(error) => {
+            drop(conn);
+            db.cleanup().await?;
+            return Err(error);
+        }
+    };
+    let (unique, published) = plan(&args, &run_id);
+    println!(
+        "{broker}, {handler} handler: {} messages, {} of them published twice ({} publishes), \
+         {} consumers x {} handlers, a SIGKILL every ~{} ms",
+        unique.len(),
+        published.iter().map(Vec::len).sum::<usize>() - unique.len(),
+        published.iter().map(Vec::len).sum::<usize>(),
+        args.consumers,
+        args.concurrency,
+        args.kill_every_ms,
+    );
+    let outcome = async {
+        let dropped = topology.publish(&published).await?;
+        let published_in = started.elapsed();
+        if dropped > 0 {
+            println!("the broker dropped {dropped} copies as duplicates of its own");
+        }
+        let mut consumers = Consumers {
+            args: &args,
+            name: &name,
+            schema_url: db.url(),
+            counters: Arc::default(),
+            running: Vec::new(),
+            started: 0,
+        };
+        let kills = consume_under_kills(
+            &args,
+            &topology,
+            &mut consumers,
+            &mut conn,
+            unique.len(),
+            deadline,
+        )
+        .await?;
+        let elapsed = started.elapsed();
+        let verdict = verify(&args, &topology, &mut conn, &unique).await?;
+        let counters = &consumers.counters;
+        println!(
+            "kills survived: {kills} (consumer processes started: {})\n\
+             deliveries settled: {} processed, {} duplicates acked, {} retried, \
+             {} dead-lettered, {} unsettled; redeliveries seen: {}\n\
+             elapsed: {:.1} s (publishing {:.1} s, consuming under kills until drained {:.1} s)",
+            consumers.started,
+            Counters::get(&counters.processed),
+            Counters::get(&counters.duplicates),
+            Counters::get(&counters.retried),
+            Counters::get(&counters.dead_lettered),
+            Counters::get(&counters.unsettled),
+            Counters::get(&counters.redelivered),
+            elapsed.as_secs_f64(),
+            published_in.as_secs_f64(),
+            (elapsed - published_in).as_secs_f64(),
+        );
+        Ok::<_, BoxError>(verdict)
+    }
+    .await;
+    drop(conn);
+    topology.delete().await?;
+    db.cleanup().await?;
+    let failures = outcome?;
+    if failures.is_empty() {
+        println!("PASSED: every credit applied exactly once");
+        Ok(())
+    } else {
+        for failure in &failures {
+            println!("FAILED: {failure}");
+        }
+        Err(format!("{} checks failed", failures.len()).into())
+    }
+}
+
+/// Runs the consumers, killing one about every `kill_every_ms`, until every message has
+/// been applied and none is left to handle; then stops them gracefully, and lets one
+/// consumer take what their stop handed back. Returns the number of kills.
+async fn consume_under_kills(
+    args: &RunArgs,
+    topology: &Topology,
+    consumers: &mut Consumers<'_>,
+    conn: &mut AsyncPgConnection,
+    unique: usize,
+    deadline: Instant,
+) -> Result<u64, BoxError> {
+    let applied_sql = match args.handler() {
+        Handler::Inbox => "SELECT COUNT(DISTINCT message_id) FROM inbox",
+        Handler::Naive => "SELECT COUNT(DISTINCT message_id) FROM naive_applied",
+    };
+    for _ in 0..args.consumers {
+        consumers.start()?;
+    }
+    let next_kill = |from: Instant| from + args.kill_interval().mul_f64(0.5 + fastrand::f64());
+    let mut kill_at = next_kill(Instant::now());
+    let mut kills = 0;
+    loop {
+        let applied = select_i64(conn, applied_sql).await?;
+        if applied == unique as i64 && topology.ready().await? == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            consumers.stop_all().await?;
+            return Err(
+                format!("not drained in time: {applied} of {unique} messages applied").into(),
+            );
+        }
+        if Instant::now() >= kill_at {
+            consumers.kill_one().await?;
+            kills += 1;
+            kill_at = next_kill(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    consumers.stop_all().await?;
+    // Deliveries prefetched but not started when the consumers stopped went back to
+    // the queue: one more consumer, without kills, takes them.
+    while topology.ready().await? > 0 {
+        if Instant::now() > deadline {
+            return Err("deliveries handed back at the stop were not drained in time".into());
+        }
+        consumers.start()?;
+        while topology.ready().await? > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        consumers.stop_all().await?;
+    }
+    Ok(kills)
+}
+
+/// Every balance equals the sum of its unique messages, one marker per message, the
+/// queue is empty and nothing was dead-lettered. Returns what failed.
+async fn verify(
+    args: &RunArgs,
+    topology: &Topology,
+    conn: &mut AsyncPgConnection,
+    unique: &[Message],
+) -> Result<Vec<String>, BoxError> {
+    let mut failures = Vec::new();
+    let mut expected: HashMap<i64, i64> = HashMap::new();
+    for (_, credit) in unique {
+        *expected.entry(credit.account).or_default() += credit.amount;
+    }
+    let mut wrong_accounts = 0;
+    let mut excess = 0;
+    for account in 1..=ACCOUNTS {
+        let balance = select_i64(
+            conn,
+            &format!("SELECT balance FROM accounts WHERE id = {account}"),
+        )
+        .await?;
+        let want = expected.get(&account).copied().unwrap_or(0);
+        if balance != want {
+            wrong_accounts += 1;
+            excess += balance - want;
+        }
+    }
+    if wrong_accounts > 0 {
+        failures.push(format!(
+            "{wrong_accounts} of {ACCOUNTS} balances differ from the sum of their unique \
+             messages, by {excess} in total"
+        ));
+    }
+    let unique_count = unique.len() as i64;
+    match args.handler() {
+        Handler::Inbox => {
+            let markers = select_i64(conn, "SELECT COUNT(*) FROM inbox").await?;
+            let keys = select_i64(conn, "SELECT COUNT(DISTINCT message_id) FROM inbox").await?;
+            if markers != unique_count || keys != unique_count {
+                failures.push(format!(
+                    "{markers} markers for {keys} keys, expected one for each of {unique_count} messages"
+                ));
+            }
+        }
+        Handler::Naive => {
+            let doubled = select_i64(
+                conn,
+                "SELECT COUNT(*) FROM (SELECT message_id FROM naive_applied \
+                 GROUP BY message_id HAVING COUNT(*) > 1) AS doubled",
+            )
+            .await?;
+            let extra =
+                select_i64(conn, "SELECT COUNT(*) FROM naive_applied").await? - unique_count;
+            if doubled > 0 {
+                failures.push(format!(
+                    "double-applied messages: {doubled} ({extra} extra credits)"
+                ));
+            }
+        }
+    }
+    let left = topology.left().await?;
+    if left > 0 {
+        failures.push(format!("{left} messages left in the queue"));
+    }
+    let dead = topology.dead_letters().await?;
+    if dead > 0 {
+        failures.push(format!("{dead} messages dead-lettered"));
+    }
+    Ok(failures)
+}

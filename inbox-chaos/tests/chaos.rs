@@ -1,0 +1,70 @@
+//! The crash test's short configuration, as CI runs it: 300 messages, a consumer killed
+//! with SIGKILL every ~400 ms, on each broker; and the naive handler, which it must
+//! catch double-applying messages.
+
+use std::process::Command;
+
+/// Runs `inbox-chaos` with `args`; `None` when a service's URL is not set.
+fn chaos(args: &[&str]) -> Option<(bool, String)> {
+    for variable in ["POSTGRES_URL", "AMQP_URL", "NATS_URL"] {
+        if std::env::var(variable).map_or(true, |url| url.is_empty()) {
+            eprintln!("SKIPPED: {variable} is not set");
+            return None;
+        }
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_inbox-chaos"))
+        .args([
+            "--messages",
+            "300",
+            "--kill-every-ms",
+            "400",
+            "--timeout-secs",
+            "120",
+        ])
+        .args(args)
+        .output()
+        .expect("run inbox-chaos");
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    eprintln!("{report}{}", String::from_utf8_lossy(&output.stderr));
+    Some((output.status.success(), report))
+}
+
+fn kills(report: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|line| line.strip_prefix("kills survived: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse().ok())
+        .expect("the report counts kills")
+}
+
+fn passes_under_kills(broker: &str) {
+    let Some((passed, report)) = chaos(&["--broker", broker]) else {
+        return;
+    };
+    assert!(passed, "the crash test failed on {broker}:\n{report}");
+    assert!(report.contains("PASSED"), "{report}");
+    assert!(kills(&report) > 0, "no consumer was killed:\n{report}");
+}
+
+#[test]
+fn rabbitmq_applies_each_credit_once_while_consumers_are_killed() {
+    passes_under_kills("rabbitmq");
+}
+
+#[test]
+fn nats_applies_each_credit_once_while_consumers_are_killed() {
+    passes_under_kills("nats");
+}
+
+#[test]
+fn the_naive_handler_is_caught_double_applying() {
+    let Some((passed, report)) = chaos(&["--broker", "rabbitmq", "--naive"]) else {
+        return;
+    };
+    assert!(!passed, "the naive handler passed:\n{report}");
+    assert!(
+        report.contains("FAILED: double-applied messages: "),
+        "{report}"
+    );
+}

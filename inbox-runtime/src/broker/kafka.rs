@@ -1,0 +1,108 @@
+//! Kafka through [rskafka](https://docs.rs/rskafka): the key of a record.
+//!
+//! Kafka does not redeliver one message: after a crash or a rebalance the consumer
+//! re-reads the partition from its last committed offset, and every record after it
+//! comes again. So the order is: run the handler (its transaction commits the marker
+//! and the effects), **then** commit the offset. Committing the offset first would lose
+//! the record if the consumer died before the database commit; committing it after is at
+//! least once, and the inbox turns the re-read into `Duplicate`.
+//!
+//! The key is a header the producer sets (an event id), which stays the same when the
+//! producer sends the record again after a lost acknowledgement, or when a record is
+//! copied to another topic. Without one, (topic, partition, offset) names the record:
+//! stable across re-reads, but a producer's retry is a new offset, and so a new key.
+//! The record timestamp is no key: two records can share one.
+
+use std::collections::BTreeMap;
+
+use super::MissingKey;
+use crate::key::{InboxKey, InvalidKey};
+
+/// The inbox key of a Kafka record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordKey<'a> {
+    /// The producer's id header, stored as it is.
+    Header(&'a str),
+    /// No id header: the record's place, stored as the tuple (topic, partition, offset).
+    Position {
+        /// The topic.
+        topic: &'a str,
+        /// The partition.
+        partition: i32,
+        /// The record's offset in the partition.
+        offset: i64,
+    },
+}
+
+impl InboxKey for RecordKey<'_> {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        match *self {
+            Self::Header(id) => id.write_key(out),
+            Self::Position {
+                topic,
+                partition,
+                offset,
+            } => (topic, partition, offset).write_key(out),
+        }
+    }
+}
+
+/// The key of the record at `offset` in `topic`/`partition` with `headers`: the
+/// `id_header` where the record has it, else its position.
+///
+/// A header that is present but empty or not UTF-8 is [`MissingKey`] rather than a
+/// fallback to the position, which would let the producer's retry through as new.
+pub fn record_key<'a>(
+    id_header: &'static str,
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    headers: &'a BTreeMap<String, Vec<u8>>,
+) -> Result<RecordKey<'a>, MissingKey> {
+    match headers.get(id_header) {
+        None => Ok(RecordKey::Position {
+            topic,
+            partition,
+            offset,
+        }),
+        Some(value) => match std::str::from_utf8(value) {
+            Ok(id) if !id.is_empty() => Ok(RecordKey::Header(id)),
+            _ => Err(MissingKey::new(id_header)),
+        },
+    }
+}
+
+/// The key of an rskafka record read from `topic`/`partition`.
+pub fn message_key<'a>(
+    id_header: &'static str,
+    topic: &'a str,
+    partition: i32,
+    record: &'a ::rskafka::record::RecordAndOffset,
+) -> Result<RecordKey<'a>, MissingKey> {
+    record_key(
+        id_header,
+        topic,
+        partition,
+        record.offset,
+        &record.record.headers,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::encode_key;
+
+    #[test]
+    fn the_header_wins_and_the_position_is_the_fallback() {
+        let mut headers = BTreeMap::new();
+        let position = record_key("event-id", "credits", 3, 42, &headers).unwrap();
+        assert_eq!(encode_key(&position).unwrap(), "7:credits1:32:42");
+        headers.insert("event-id".to_owned(), b"e-1".to_vec());
+        let header = record_key("event-id", "credits", 3, 42, &headers).unwrap();
+        assert_eq!(encode_key(&header).unwrap(), "e-1");
+        headers.insert("event-id".to_owned(), vec![0xff]);
+        let error = record_key("event-id", "credits", 3, 42, &headers).unwrap_err();
+        assert_eq!(error.field(), "event-id");
+    }
+}

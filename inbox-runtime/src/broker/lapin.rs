@@ -1,0 +1,368 @@
+//! RabbitMQ through [lapin](https://docs.rs/lapin): the key of a delivery, and a
+//! [`Disposition`] carried out on it.
+//!
+//! The key is the `message_id` property, which the producer sets and RabbitMQ never
+//! changes. The delivery tag (per channel), the `redelivered` flag, the `x-delivery-count`
+//! header and the timestamp all change or may be absent across redeliveries: none of them
+//! is a key.
+//!
+//! [`Queues`] names a work queue and its two companions, declares them, and settles
+//! deliveries:
+//!
+//! | disposition | what happens |
+//! |---|---|
+//! | `Ack` | the delivery is acked |
+//! | `Retry { after }` | a copy goes to `<work>.retry` with that delay as its per-message TTL, from where RabbitMQ dead-letters it back to the work queue; then the delivery is acked |
+//! | `DeadLetter { reason }` | a copy goes to `<work>.dead-letter` with the reason in the `x-inbox-reason` header; then the delivery is acked |
+//!
+//! Copies are published with `mandatory` on a channel in confirm mode, and the delivery is
+//! acked only once the broker has confirmed the copy: a crash in between leaves two copies
+//! of the message, which the inbox turns into one `Processed` and one `Duplicate`, never
+//! none. The work queue is a quorum queue with a delivery limit, so a message that keeps
+//! killing its consumer lands in the dead-letter queue too.
+
+use std::time::Duration;
+
+use ::lapin::message::Delivery;
+use ::lapin::options::{
+    BasicAckOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use ::lapin::publisher_confirm::Confirmation;
+use ::lapin::types::{AMQPValue, FieldTable, LongString};
+use ::lapin::{BasicProperties, Channel};
+
+use super::MissingKey;
+use crate::disposition::Disposition;
+
+/// The header that counts how often a message went through the retry queue.
+pub const RETRIES_HEADER: &str = "x-inbox-retries";
+/// The header that carries a dead-lettered message's reason.
+pub const REASON_HEADER: &str = "x-inbox-reason";
+
+/// The inbox key of a delivery: its `message_id` property.
+///
+/// A delivery without one, or with an empty one, is [`MissingKey`]: dead-letter it.
+pub fn message_key(delivery: &Delivery) -> Result<&str, MissingKey> {
+    match delivery.properties.message_id() {
+        Some(id) if !id.as_str().is_empty() => Ok(id.as_str()),
+        _ => Err(MissingKey::new("message_id property")),
+    }
+}
+
+/// How many times a delivery has already been sent back through the retry queue.
+pub fn retries(delivery: &Delivery) -> u32 {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(RETRIES_HEADER))
+        .and_then(AMQPValue::as_long_long_int)
+        .and_then(|count| u32::try_from(count).ok())
+        .unwrap_or(0)
+}
+
+/// A work queue with its retry queue and dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queues {
+    work: String,
+    retry: String,
+    dead_letter: String,
+    retry_delay: Duration,
+    max_retries: u32,
+    delivery_limit: u32,
+}
+
+/// What [`Queues::settle`] did with a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked.
+    Acked,
+    /// Sent to the retry queue, to come back after `after`; `retry` counts from 1.
+    Retried {
+        /// The how-manyth retry this is.
+        retry: u32,
+        /// When it comes back to the work queue.
+        after: Duration,
+    },
+    /// Sent to the dead-letter queue with this reason.
+    DeadLettered {
+        /// Why, as stored in the `x-inbox-reason` header.
+        reason: String,
+    },
+}
+
+/// Why a delivery could not be settled. The delivery is then neither acked nor lost:
+/// RabbitMQ redelivers it once the channel closes.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// The channel or connection failed.
+    Broker(::lapin::Error),
+    /// The broker did not confirm the copy sent to `queue`: it refused it (nack), could
+    /// not route it (the queue does not exist), or the channel is not in confirm mode
+    /// (`confirm_select`).
+    NotConfirmed {
+        /// The retry or dead-letter queue.
+        queue: String,
+        /// Which of the three it was.
+        why: &'static str,
+    },
+}
+
+impl std::fmt::Display for SettleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Broker(error) => write!(f, "settling the delivery failed: {error}"),
+            Self::NotConfirmed { queue, why } => write!(
+                f,
+                "the copy sent to `{queue}` was not confirmed ({why}); the delivery was not acked"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SettleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Broker(error) => Some(error),
+            Self::NotConfirmed { .. } => None,
+        }
+    }
+}
+
+impl From<::lapin::Error> for SettleError {
+    fn from(error: ::lapin::Error) -> Self {
+        Self::Broker(error)
+    }
+}
+
+impl Queues {
+    /// The work queue `work`, with `<work>.retry` and `<work>.dead-letter`; a retry waits
+    /// 1 s, at most 10 retries, and the work queue delivers a message at most 20 times.
+    pub fn new(work: impl Into<String>) -> Self {
+        let work = work.into();
+        Self {
+            retry: format!("{work}.retry"),
+            dead_letter: format!("{work}.dead-letter"),
+            work,
+            retry_delay: Duration::from_secs(1),
+            max_retries: 10,
+            delivery_limit: 20,
+        }
+    }
+
+    /// The delay of a retry when the disposition gives none.
+    pub fn with_retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// How many retries a message gets before it is dead-lettered instead.
+    pub fn with_max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = max_retries;
+        self
+    }
+
+    /// The work queue's `x-delivery-limit`: a message delivered this often without being
+    /// settled (its consumers crashed or lost their connection each time) is dead-lettered.
+    /// Takes effect when the queue is first declared.
+    pub fn with_delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = limit;
+        self
+    }
+
+    /// The work queue's name.
+    pub fn work(&self) -> &str {
+        &self.work
+    }
+
+    /// The retry queue's name.
+    pub fn retry(&self) -> &str {
+        &self.retry
+    }
+
+    /// The dead-letter queue's name.
+    pub fn dead_letter(&self) -> &str {
+        &self.dead_letter
+    }
+
+    /// Declares the three durable quorum queues (idempotent; safe from every instance).
+    ///
+    /// The work queue dead-letters, at least once, to the dead-letter queue, which catches
+    /// messages over the delivery limit; the retry queue dead-letters, at least once, its
+    /// expired messages back to the work queue.
+    pub async fn declare(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let mut work = dead_lettering_to(&self.dead_letter);
+        work.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(self.delivery_limit.into()),
+        );
+        channel.queue_declare(&self.work, options, work).await?;
+        let retry = dead_lettering_to(&self.work);
+        channel.queue_declare(&self.retry, options, retry).await?;
+        channel
+            .queue_declare(&self.dead_letter, options, quorum())
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the three queues, with whatever they hold.
+    pub async fn delete(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
+        for queue in [&self.work, &self.retry, &self.dead_letter] {
+            channel
+                .queue_delete(queue, QueueDeleteOptions::default())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Carries out `disposition` on `delivery`, which arrived on `channel`. The channel
+    /// must be in confirm mode (`confirm_select`) for retries and dead letters.
+    ///
+    /// A retry beyond [`with_max_retries`](Self::with_max_retries) is dead-lettered.
+    pub async fn settle(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        disposition: &Disposition,
+    ) -> Result<Settled, SettleError> {
+        let settled = match disposition {
+            Disposition::Ack => Settled::Acked,
+            Disposition::Retry { after } => {
+                let retry = retries(delivery) + 1;
+                if retry > self.max_retries {
+                    let reason = format!(
+                        "still failing with a retryable error after {} retries",
+                        self.max_retries
+                    );
+                    self.send_to_dead_letter(channel, delivery, &reason).await?;
+                    Settled::DeadLettered { reason }
+                } else {
+                    let after = after.unwrap_or(self.retry_delay);
+                    let mut headers = headers_of(delivery);
+                    headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retry.into()));
+                    let properties = delivery
+                        .properties
+                        .clone()
+                        .with_headers(headers)
+                        .with_expiration(after.as_millis().max(1).to_string().into());
+                    self.publish_confirmed(channel, &self.retry, delivery, properties)
+                        .await?;
+                    Settled::Retried { retry, after }
+                }
+            }
+            Disposition::DeadLetter { reason } => {
+                self.send_to_dead_letter(channel, delivery, reason).await?;
+                Settled::DeadLettered {
+                    reason: reason.clone(),
+                }
+            }
+        };
+        delivery.acker.ack(BasicAckOptions::default()).await?;
+        Ok(settled)
+    }
+
+    async fn send_to_dead_letter(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> Result<(), SettleError> {
+        let mut headers = headers_of(delivery);
+        headers.insert(
+            REASON_HEADER.into(),
+            AMQPValue::LongString(LongString::from(reason)),
+        );
+        let properties = without_expiration(&delivery.properties).with_headers(headers);
+        self.publish_confirmed(channel, &self.dead_letter, delivery, properties)
+            .await
+    }
+
+    async fn publish_confirmed(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        delivery: &Delivery,
+        properties: BasicProperties,
+    ) -> Result<(), SettleError> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirmation = channel
+            .basic_publish("", queue, options, &delivery.data, properties)
+            .await?
+            .await?;
+        let why = match confirmation {
+            Confirmation::Ack(None) => return Ok(()),
+            Confirmation::Ack(Some(_)) => "returned as unroutable: does the queue exist?",
+            Confirmation::Nack(_) => "refused by the broker",
+            Confirmation::NotRequested => "the channel is not in confirm mode",
+        };
+        Err(SettleError::NotConfirmed {
+            queue: queue.to_owned(),
+            why,
+        })
+    }
+}
+
+fn quorum() -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), long_string("quorum"));
+    arguments
+}
+
+fn dead_lettering_to(queue: &str) -> FieldTable {
+    let mut arguments = quorum();
+    arguments.insert("x-dead-letter-exchange".into(), long_string(""));
+    arguments.insert("x-dead-letter-routing-key".into(), long_string(queue));
+    // At-least-once dead-lettering (RabbitMQ 3.10) needs publishers refused, not old
+    // messages dropped, when the queue is full.
+    arguments.insert(
+        "x-dead-letter-strategy".into(),
+        long_string("at-least-once"),
+    );
+    arguments.insert("x-overflow".into(), long_string("reject-publish"));
+    arguments
+}
+
+fn long_string(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+fn headers_of(delivery: &Delivery) -> FieldTable {
+    delivery.properties.headers().clone().unwrap_or_default()
+}
+
+/// The delivery's properties less its `expiration`, so that a dead letter is kept until a
+/// person reads it, whatever TTL the producer gave the message.
+fn without_expiration(properties: &BasicProperties) -> BasicProperties {
+    let mut copy = BasicProperties::default();
+    macro_rules! copy {
+        ($($get:ident => $set:ident),* $(,)?) => {$(
+            if let Some(value) = properties.$get() {
+                copy = copy.$set(value.clone());
+            }
+        )*};
+    }
+    copy!(
+        content_type => with_content_type,
+        content_encoding => with_content_encoding,
+        headers => with_headers,
+        delivery_mode => with_delivery_mode,
+        priority => with_priority,
+        correlation_id => with_correlation_id,
+        reply_to => with_reply_to,
+        message_id => with_message_id,
+        timestamp => with_timestamp,
+        kind => with_type,
+        user_id => with_user_id,
+        app_id => with_app_id,
+        cluster_id => with_cluster_id,
+    );
+    copy
+}

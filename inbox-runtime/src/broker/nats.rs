@@ -1,0 +1,226 @@
+//! NATS JetStream through [async-nats](https://docs.rs/async-nats): the key of a message,
+//! and a [`Disposition`] carried out on it.
+//!
+//! The key is the `Nats-Msg-Id` header, which the producer sets (and JetStream also uses
+//! to drop a re-published copy within the stream's duplicate window), falling back to
+//! the stream and its sequence number, which stay the same across redeliveries of one
+//! stored message but differ for a message published twice. The consumer sequence, the
+//! delivery count and the reply subject change with every delivery: none of them is a key.
+//!
+//! | disposition | what happens |
+//! |---|---|
+//! | `Ack` | `+ACK` |
+//! | `Retry { after }` | `-NAK` with that delay (JetStream redelivers it then) |
+//! | `DeadLetter { reason }` | a copy is published to the dead-letter subject with the reason in the `Inbox-Dead-Letter-Reason` header and acknowledged by the stream that holds it, then `+TERM` |
+//!
+//! The dead-letter copy is confirmed before the message is terminated: a crash in between
+//! publishes it twice (with the same `Nats-Msg-Id`, which a dead-letter stream with a
+//! duplicate window drops) and never loses it.
+
+use std::fmt;
+use std::time::Duration;
+
+use ::async_nats::HeaderMap;
+use ::async_nats::header::NATS_MESSAGE_ID;
+use ::async_nats::jetstream::{AckKind, Message};
+
+use super::MissingKey;
+use crate::disposition::Disposition;
+use crate::key::{InboxKey, InvalidKey};
+
+/// The header that carries a dead-lettered message's reason.
+pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";
+/// The header that carries the stream a dead letter came from.
+pub const STREAM_HEADER: &str = "Inbox-Stream";
+/// The header that carries a dead letter's sequence number in that stream.
+pub const SEQUENCE_HEADER: &str = "Inbox-Stream-Sequence";
+
+/// The inbox key of a JetStream message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageKey<'a> {
+    /// The producer's `Nats-Msg-Id`, stored as it is.
+    MsgId(&'a str),
+    /// No `Nats-Msg-Id`: the message's place in its stream, stored as the tuple
+    /// `("nats-stream-sequence", stream, sequence)`.
+    StreamSequence {
+        /// The stream's name.
+        stream: &'a str,
+        /// The message's sequence number in the stream.
+        sequence: u64,
+    },
+}
+
+impl InboxKey for MessageKey<'_> {
+    fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
+        match *self {
+            Self::MsgId(id) => id.write_key(out),
+            Self::StreamSequence { stream, sequence } => {
+                ("nats-stream-sequence", stream, sequence).write_key(out)
+            }
+        }
+    }
+}
+
+impl fmt::Display for MessageKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MsgId(id) => f.write_str(id),
+            Self::StreamSequence { stream, sequence } => write!(f, "{stream}#{sequence}"),
+        }
+    }
+}
+
+/// The inbox key of `message`: its `Nats-Msg-Id` header, else its stream sequence.
+///
+/// A message with neither (not delivered by a JetStream consumer) is [`MissingKey`]:
+/// dead-letter it.
+pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
+    let msg_id = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(NATS_MESSAGE_ID))
+        .map(|id| id.as_str())
+        .filter(|id| !id.is_empty());
+    if let Some(id) = msg_id {
+        return Ok(MessageKey::MsgId(id));
+    }
+    match message.info() {
+        Ok(info) => Ok(MessageKey::StreamSequence {
+            stream: info.stream,
+            sequence: info.stream_sequence,
+        }),
+        Err(_) => Err(MissingKey::new(
+            "Nats-Msg-Id header, nor the stream sequence of a JetStream delivery",
+        )),
+    }
+}
+
+/// What [`Settlement::settle`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// Acked.
+    Acked,
+    /// Nakked, to be redelivered after `after`.
+    Retried {
+        /// When JetStream delivers it again.
+        after: Duration,
+    },
+    /// Published to the dead-letter subject with this reason, then terminated.
+    DeadLettered {
+        /// Why, as stored in the `Inbox-Dead-Letter-Reason` header.
+        reason: String,
+    },
+}
+
+/// How to settle the messages of one consumer: where dead letters go, how long a retry
+/// waits, and after how many deliveries a retry becomes a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    dead_letter_subject: String,
+    retry_delay: Duration,
+    max_deliveries: Option<i64>,
+}
+
+impl Settlement {
+    /// Dead letters go to `dead_letter_subject`, which a stream must capture (publishing
+    /// there fails otherwise, and the message is then left unsettled for redelivery); a
+    /// retry waits 1 s; retries are not limited.
+    pub fn new(dead_letter_subject: impl Into<String>) -> Self {
+        Self {
+            dead_letter_subject: dead_letter_subject.into(),
+            retry_delay: Duration::from_secs(1),
+            max_deliveries: None,
+        }
+    }
+
+    /// The delay of a retry when the disposition gives none.
+    pub fn with_retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// A retry on a message's `max_deliveries`-th delivery dead-letters it instead. Keep
+    /// it at or below the consumer's `max_deliver`, past which JetStream stops delivering
+    /// the message and only publishes an advisory.
+    pub fn with_max_deliveries(mut self, max_deliveries: i64) -> Self {
+        self.max_deliveries = Some(max_deliveries);
+        self
+    }
+
+    /// The subject dead letters are published to.
+    pub fn dead_letter_subject(&self) -> &str {
+        &self.dead_letter_subject
+    }
+
+    /// Carries out `disposition` on `message`.
+    ///
+    /// An error leaves the message unsettled: JetStream redelivers it after `ack_wait`.
+    pub async fn settle(
+        &self,
+        message: &Message,
+        disposition: &Disposition,
+    ) -> Result<Settled, ::async_nats::Error> {
+        match disposition {
+            Disposition::Ack => {
+                message.ack().await?;
+                Ok(Settled::Acked)
+            }
+            Disposition::Retry { after } => {
+                let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
+                if let Some(max) = self.max_deliveries.filter(|max| delivered >= *max) {
+                    let reason =
+                        format!("still failing with a retryable error after {max} deliveries");
+                    self.dead_letter(message, &reason).await?;
+                    return Ok(Settled::DeadLettered { reason });
+                }
+                let after = after.unwrap_or(self.retry_delay);
+                message.ack_with(AckKind::Nak(Some(after))).await?;
+                Ok(Settled::Retried { after })
+            }
+            Disposition::DeadLetter { reason } => {
+                self.dead_letter(message, reason).await?;
+                Ok(Settled::DeadLettered {
+                    reason: reason.clone(),
+                })
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &Message,
+        reason: &str,
+    ) -> Result<(), ::async_nats::Error> {
+        let mut headers = message.headers.clone().unwrap_or_default();
+        // Header values cannot hold line breaks.
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        headers.insert(REASON_HEADER, reason.as_str());
+        if let Ok(info) = message.info() {
+            let (stream, sequence) = (info.stream.to_owned(), info.stream_sequence);
+            headers.insert(STREAM_HEADER, stream.as_str());
+            headers.insert(SEQUENCE_HEADER, sequence.to_string().as_str());
+            if headers.get(NATS_MESSAGE_ID).is_none() {
+                // Lets the dead-letter stream drop the copy a crash before `+TERM` repeats.
+                headers.insert(NATS_MESSAGE_ID, format!("{stream}#{sequence}").as_str());
+            }
+        }
+        publish_confirmed(message, &self.dead_letter_subject, headers).await?;
+        message.ack_with(AckKind::Term).await
+    }
+}
+
+async fn publish_confirmed(
+    message: &Message,
+    subject: &str,
+    headers: HeaderMap,
+) -> Result<(), ::async_nats::Error> {
+    message
+        .context
+        .publish_with_headers(subject.to_owned(), headers, message.payload.clone())
+        .await?
+        .await?;
+    Ok(())
+}

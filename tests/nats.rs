@@ -1,0 +1,285 @@
+//! `diesel_inbox::nats` against the local NATS JetStream: the key of a message, and each
+//! disposition carried out on real streams. Each test creates streams of its own and
+//! deletes them at the end.
+
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, Context, Message, stream};
+use diesel_inbox::nats::{
+    MessageKey, REASON_HEADER, SEQUENCE_HEADER, Settled, Settlement, message_key,
+};
+use diesel_inbox::{Disposition, InboxKey};
+use futures_util::StreamExt;
+
+/// The URL in `variable`; the suite is skipped without it (CI sets it).
+fn server_url(variable: &str) -> Option<String> {
+    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        eprintln!("SKIPPED: {variable} is not set");
+    }
+    url
+}
+
+struct Broker {
+    jetstream: Context,
+    name: String,
+    consumer: PullConsumer,
+    dead_letters: PullConsumer,
+    settlement: Settlement,
+}
+
+/// A work stream and a dead-letter stream named after the test, or `None` without
+/// `NATS_URL`.
+async fn broker(test: &str) -> Option<Broker> {
+    let url = server_url("NATS_URL")?;
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let jetstream = jetstream::new(client);
+    let name = format!("inbox_test_{test}_{}", std::process::id());
+    for stream in [name.clone(), format!("{name}_dead")] {
+        // A run that panicked left its streams behind.
+        let _ = jetstream.delete_stream(&stream).await;
+    }
+    let work = jetstream
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.work")],
+            ..Default::default()
+        })
+        .await
+        .expect("work stream");
+    let dead = jetstream
+        .create_stream(stream::Config {
+            name: format!("{name}_dead"),
+            subjects: vec![format!("{name}.dead")],
+            ..Default::default()
+        })
+        .await
+        .expect("dead-letter stream");
+    let config = |durable: &str| pull::Config {
+        durable_name: Some(durable.to_owned()),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let consumer = work
+        .create_consumer(config("work"))
+        .await
+        .expect("consumer");
+    let dead_letters = dead
+        .create_consumer(config("dead"))
+        .await
+        .expect("consumer");
+    Some(Broker {
+        settlement: Settlement::new(format!("{name}.dead")),
+        jetstream,
+        name,
+        consumer,
+        dead_letters,
+    })
+}
+
+impl Broker {
+    async fn publish(&self, msg_id: Option<&str>, payload: &'static [u8]) {
+        let mut headers = HeaderMap::new();
+        if let Some(id) = msg_id {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        }
+        self.jetstream
+            .publish_with_headers(format!("{}.work", self.name), headers, payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("publish acknowledged");
+    }
+
+    async fn settle(&self, message: &Message, disposition: &Disposition) -> Settled {
+        self.settlement
+            .settle(message, disposition)
+            .await
+            .expect("settle")
+    }
+
+    async fn cleanup(self) {
+        for stream in [self.name.clone(), format!("{}_dead", self.name)] {
+            self.jetstream
+                .delete_stream(&stream)
+                .await
+                .expect("delete stream");
+        }
+    }
+}
+
+/// The next message of `consumer`, waiting up to `within` for it.
+async fn next(consumer: &PullConsumer, within: Duration) -> Option<Message> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(within)
+        .messages()
+        .await
+        .expect("fetch");
+    batch.next().await.map(|message| message.expect("message"))
+}
+
+const SOON: Duration = Duration::from_secs(10);
+const NOT_YET: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn the_key_is_the_msg_id_else_the_stream_sequence() {
+    let Some(broker) = broker("key").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"with").await;
+    broker.publish(None, b"without").await;
+
+    let with = next(&broker.consumer, SOON).await.expect("first");
+    assert_eq!(message_key(&with), Ok(MessageKey::MsgId("m-1")));
+    assert_eq!(message_key(&with).unwrap().encode().unwrap(), "m-1");
+    let without = next(&broker.consumer, SOON).await.expect("second");
+    let key = message_key(&without).expect("the sequence");
+    assert_eq!(
+        key,
+        MessageKey::StreamSequence {
+            stream: &broker.name,
+            sequence: 2
+        }
+    );
+    let encoded = key.encode().unwrap();
+    assert!(encoded.ends_with("1:2"), "{encoded}");
+
+    // A redelivery keeps the key.
+    let mut key_before = None;
+    broker
+        .settle(
+            &without,
+            &Disposition::Retry {
+                after: Some(Duration::ZERO),
+            },
+        )
+        .await;
+    if let Some(again) = next(&broker.consumer, SOON).await {
+        key_before = Some(message_key(&again).unwrap().encode().unwrap());
+        broker.settle(&again, &Disposition::Ack).await;
+    }
+    assert_eq!(key_before, Some(encoded));
+    broker.settle(&with, &Disposition::Ack).await;
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_retry_is_redelivered_after_its_delay() {
+    let Some(broker) = broker("retry").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let first = next(&broker.consumer, SOON).await.expect("delivery");
+
+    let delay = Duration::from_millis(1500);
+    let sent = Instant::now();
+    let settled = broker
+        .settle(&first, &Disposition::Retry { after: Some(delay) })
+        .await;
+    assert_eq!(settled, Settled::Retried { after: delay });
+    assert!(
+        next(&broker.consumer, NOT_YET).await.is_none(),
+        "held back for the delay"
+    );
+
+    let again = next(&broker.consumer, SOON).await.expect("redelivered");
+    assert!(
+        sent.elapsed() >= delay,
+        "came back after {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(message_key(&again), Ok(MessageKey::MsgId("m-1")));
+    assert_eq!(again.info().unwrap().delivered, 2);
+    broker.settle(&again, &Disposition::Ack).await;
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_is_stored_with_its_reason_and_terminated() {
+    let Some(broker) = broker("dead_letter").await else {
+        return;
+    };
+    broker.publish(None, b"payload").await;
+    let delivery = next(&broker.consumer, SOON).await.expect("delivery");
+    let reason = "account 7 is closed\nby its owner".to_owned();
+    broker
+        .settle(&delivery, &Disposition::DeadLetter { reason })
+        .await;
+
+    let dead = next(&broker.dead_letters, SOON).await.expect("dead letter");
+    assert_eq!(&dead.payload[..], b"payload");
+    let headers = dead.headers.clone().expect("headers");
+    assert_eq!(
+        headers.get(REASON_HEADER).map(|value| value.as_str()),
+        Some("account 7 is closed by its owner")
+    );
+    assert_eq!(
+        headers.get(SEQUENCE_HEADER).map(|value| value.as_str()),
+        Some("1")
+    );
+    dead.ack().await.expect("ack");
+    // Terminated: not redelivered, not even after the ack wait.
+    assert!(next(&broker.consumer, NOT_YET).await.is_none());
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn retries_past_the_delivery_limit_are_dead_lettered() {
+    let Some(mut broker) = broker("retry_limit").await else {
+        return;
+    };
+    broker.settlement = broker.settlement.clone().with_max_deliveries(2);
+    broker.publish(Some("m-1"), b"payload").await;
+    let retry = Disposition::Retry {
+        after: Some(Duration::from_millis(50)),
+    };
+
+    let first = next(&broker.consumer, SOON).await.expect("delivery");
+    assert!(matches!(
+        broker.settle(&first, &retry).await,
+        Settled::Retried { .. }
+    ));
+    let second = next(&broker.consumer, SOON).await.expect("redelivered");
+    let settled = broker.settle(&second, &retry).await;
+    assert!(
+        matches!(settled, Settled::DeadLettered { .. }),
+        "{settled:?}"
+    );
+    let dead = next(&broker.dead_letters, SOON).await.expect("dead letter");
+    assert_eq!(message_key(&dead), Ok(MessageKey::MsgId("m-1")));
+    dead.ack().await.expect("ack");
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_without_a_stream_to_hold_it_is_not_terminated() {
+    let Some(mut broker) = broker("no_dead_letter_stream").await else {
+        return;
+    };
+    broker.settlement = Settlement::new(format!("{}.nowhere", broker.name));
+    broker.publish(Some("m-1"), b"payload").await;
+    let delivery = next(&broker.consumer, SOON).await.expect("delivery");
+    let error = broker
+        .settlement
+        .settle(
+            &delivery,
+            &Disposition::DeadLetter {
+                reason: "no".into(),
+            },
+        )
+        .await;
+    assert!(error.is_err(), "published to a subject no stream captures");
+    // Still unsettled: a nak (or the ack wait) brings it back.
+    delivery
+        .ack_with(async_nats::jetstream::AckKind::Nak(None))
+        .await
+        .expect("nak");
+    let again = next(&broker.consumer, SOON).await.expect("kept");
+    broker.settle(&again, &Disposition::Ack).await;
+    broker.cleanup().await;
+}

@@ -1,0 +1,369 @@
+//! `diesel_inbox::lapin` against the local RabbitMQ: the key of a delivery, and each
+//! disposition carried out on real queues. Each test declares queues of its own and
+//! deletes them at the end.
+
+use std::time::{Duration, Instant};
+
+use diesel_async::RunQueryDsl;
+use diesel_inbox::lapin::{Queues, REASON_HEADER, SettleError, Settled, message_key, retries};
+use diesel_inbox::testing::{TestDatabase, select_i64};
+use diesel_inbox::{Disposition, idempotent};
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+/// The URL in `variable`; the suite is skipped without it (CI sets it).
+fn server_url(variable: &str) -> Option<String> {
+    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        eprintln!("SKIPPED: {variable} is not set");
+    }
+    url
+}
+
+struct Broker {
+    connection: Connection,
+    channel: Channel,
+    queues: Queues,
+}
+
+/// A confirm-mode channel and queues named after the test, or `None` without `AMQP_URL`.
+async fn broker(test: &str) -> Option<Broker> {
+    let url = server_url("AMQP_URL")?;
+    let properties = ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let connection = Connection::connect(&url, properties)
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.expect("open a channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    let queues = Queues::new(format!("inbox-test.{test}.{}", std::process::id()))
+        .with_retry_delay(Duration::from_millis(200));
+    // A run that panicked left its queues behind.
+    queues.delete(&channel).await.expect("delete old queues");
+    queues.declare(&channel).await.expect("declare the queues");
+    Some(Broker {
+        connection,
+        channel,
+        queues,
+    })
+}
+
+impl Broker {
+    async fn publish(&self, message_id: Option<&str>, payload: &[u8]) {
+        let mut properties = BasicProperties::default().with_delivery_mode(2);
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.into());
+        }
+        let confirmation = self
+            .channel
+            .basic_publish(
+                "",
+                self.queues.work(),
+                BasicPublishOptions::default(),
+                payload,
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish confirmed");
+        assert!(confirmation.is_ack());
+    }
+
+    async fn get(&self, queue: &str) -> Option<BasicGetMessage> {
+        self.channel
+            .basic_get(queue, BasicGetOptions::default())
+            .await
+            .expect("basic.get")
+    }
+
+    /// The next message of `queue`, waiting up to `within` for it.
+    async fn next(&self, queue: &str, within: Duration) -> Option<BasicGetMessage> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(message) = self.get(queue).await {
+                return Some(message);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn settle(&self, message: &BasicGetMessage, disposition: &Disposition) -> Settled {
+        self.queues
+            .settle(&self.channel, message, disposition)
+            .await
+            .expect("settle")
+    }
+
+    async fn cleanup(self) {
+        self.queues
+            .delete(&self.channel)
+            .await
+            .expect("delete the queues");
+        self.connection.close(200, "done").await.expect("close");
+    }
+}
+
+#[tokio::test]
+async fn the_key_is_the_message_id_property() {
+    let Some(broker) = broker("key").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"with").await;
+    broker.publish(None, b"without").await;
+    broker.publish(Some(""), b"empty").await;
+
+    let with = broker.get(broker.queues.work()).await.expect("first");
+    assert_eq!(message_key(&with), Ok("m-1"));
+    for _ in 0..2 {
+        let without = broker.get(broker.queues.work()).await.expect("key-less");
+        let missing = message_key(&without).expect_err("no usable message_id");
+        assert!(missing.to_string().contains("message_id"), "{missing}");
+        let reason = missing.to_string();
+        broker
+            .settle(&without, &Disposition::DeadLetter { reason })
+            .await;
+    }
+    broker.settle(&with, &Disposition::Ack).await;
+
+    let dead = broker
+        .get(broker.queues.dead_letter())
+        .await
+        .expect("dead letter");
+    assert_eq!(dead.data, b"without");
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_retry_comes_back_after_its_delay_counted() {
+    let Some(broker) = broker("retry").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let first = broker.get(broker.queues.work()).await.expect("delivery");
+    assert_eq!(retries(&first), 0);
+
+    let delay = Duration::from_millis(600);
+    let sent = Instant::now();
+    let settled = broker
+        .settle(&first, &Disposition::Retry { after: Some(delay) })
+        .await;
+    assert_eq!(
+        settled,
+        Settled::Retried {
+            retry: 1,
+            after: delay
+        }
+    );
+    assert!(
+        broker.get(broker.queues.work()).await.is_none(),
+        "acked, not requeued"
+    );
+
+    let again = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("back from the retry queue");
+    assert!(
+        sent.elapsed() >= delay,
+        "came back after {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(message_key(&again), Ok("m-1"));
+    assert_eq!(again.data, b"payload");
+    assert_eq!(retries(&again), 1);
+    broker.settle(&again, &Disposition::Ack).await;
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_keeps_the_message_and_its_reason() {
+    let Some(broker) = broker("dead-letter").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let delivery = broker.get(broker.queues.work()).await.expect("delivery");
+    let reason = "account 7 is closed".to_owned();
+    broker
+        .settle(
+            &delivery,
+            &Disposition::DeadLetter {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+
+    let dead = broker
+        .get(broker.queues.dead_letter())
+        .await
+        .expect("dead letter");
+    assert_eq!(message_key(&dead), Ok("m-1"));
+    assert_eq!(dead.data, b"payload");
+    let headers = dead.properties.headers().clone().expect("headers");
+    assert_eq!(
+        headers.inner().get(REASON_HEADER),
+        Some(&AMQPValue::LongString(reason.as_str().into()))
+    );
+    assert!(broker.get(broker.queues.work()).await.is_none());
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn retries_past_the_limit_are_dead_lettered() {
+    let Some(mut broker) = broker("retry-limit").await else {
+        return;
+    };
+    broker.queues = broker.queues.clone().with_max_retries(1);
+    broker.publish(Some("m-1"), b"payload").await;
+    let retry = Disposition::Retry {
+        after: Some(Duration::from_millis(50)),
+    };
+
+    let first = broker.get(broker.queues.work()).await.expect("delivery");
+    assert!(matches!(
+        broker.settle(&first, &retry).await,
+        Settled::Retried { .. }
+    ));
+    let second = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("retried");
+    let settled = broker.settle(&second, &retry).await;
+    assert!(
+        matches!(settled, Settled::DeadLettered { .. }),
+        "{settled:?}"
+    );
+    let dead = broker
+        .get(broker.queues.dead_letter())
+        .await
+        .expect("dead letter");
+    assert_eq!(message_key(&dead), Ok("m-1"));
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn without_confirms_a_delivery_is_not_acked() {
+    let Some(broker) = broker("no-confirms").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let plain = broker.connection.create_channel().await.expect("channel");
+    let delivery = plain
+        .basic_get(broker.queues.work(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .expect("delivery");
+    let error = broker
+        .queues
+        .settle(
+            &plain,
+            &delivery,
+            &Disposition::DeadLetter {
+                reason: "no".into(),
+            },
+        )
+        .await
+        .expect_err("a dead letter needs a confirm-mode channel");
+    assert!(matches!(error, SettleError::NotConfirmed { .. }), "{error}");
+    plain.close(200, "done").await.expect("close");
+
+    // Closing the channel returned the unacked delivery to the work queue.
+    let again = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("returned");
+    assert!(again.redelivered);
+    broker.settle(&again, &Disposition::Ack).await;
+    broker.cleanup().await;
+}
+
+diesel::table! {
+    accounts (id) {
+        id -> BigInt,
+        balance -> BigInt,
+    }
+}
+
+#[idempotent(consumer = "rabbitmq-credit", key = message_id)]
+async fn credit(
+    conn: &mut diesel_async::AsyncPgConnection,
+    message_id: &str,
+    amount: i64,
+) -> diesel::QueryResult<()> {
+    use diesel::{ExpressionMethods, QueryDsl};
+    diesel::update(accounts::table.find(1))
+        .set(accounts::balance.eq(accounts::balance + amount))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Every message published twice, as a producer that lost its confirm does, is applied
+/// once: the key read from the delivery reaches the inbox.
+#[tokio::test]
+async fn duplicates_published_twice_are_applied_once() {
+    let Some(pg_url) = server_url("POSTGRES_URL") else {
+        return;
+    };
+    let Some(broker) = broker("end-to-end").await else {
+        return;
+    };
+    let db = TestDatabase::postgres(&pg_url, "rabbitmq_end_to_end")
+        .await
+        .expect("test schema");
+    let mut conn = db.connect().await.expect("connect");
+    diesel::sql_query("CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL)")
+        .execute(&mut conn)
+        .await
+        .expect("accounts");
+    diesel::sql_query("INSERT INTO accounts VALUES (1, 0)")
+        .execute(&mut conn)
+        .await
+        .expect("account");
+
+    for amount in 1..=20_i64 {
+        let id = format!("m-{amount}");
+        broker
+            .publish(Some(&id), amount.to_string().as_bytes())
+            .await;
+        broker
+            .publish(Some(&id), amount.to_string().as_bytes())
+            .await;
+    }
+    let mut acked = 0;
+    while let Some(delivery) = broker.get(broker.queues.work()).await {
+        let key = message_key(&delivery).expect("key");
+        let amount: i64 = std::str::from_utf8(&delivery.data)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let disposition = Disposition::of(&credit(&mut conn, key, amount).await);
+        assert_eq!(broker.settle(&delivery, &disposition).await, Settled::Acked);
+        acked += 1;
+    }
+    assert_eq!(acked, 40);
+    assert_eq!(
+        select_i64(&mut conn, "SELECT balance FROM accounts")
+            .await
+            .unwrap(),
+        (1..=20).sum::<i64>()
+    );
+    assert_eq!(
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        20
+    );
+    drop(conn);
+    db.cleanup().await.expect("drop the schema");
+    broker.cleanup().await;
+}
