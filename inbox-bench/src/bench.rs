@@ -4,23 +4,23 @@
 //! the ratios within a consumer count see the same machine state; with several rounds,
 //! each round sweeps everything again. The pre-filled variants come last: their inbox
 //! is loaded once per size, grown from the smallest size to the largest, and measured at
-//! every consumer count, round after round. Where pgbench is at hand, its reference rows
-//! run in each round after the variants on an empty inbox.
+//! every consumer count, round after round. Where the backend's C client is at hand, its
+//! reference rows run in each round after the variants on an empty inbox.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, ensure};
-use diesel_inbox::testing::TestDatabase;
+use diesel_inbox::testing::{TestDatabase, select_i64};
 
 use crate::backend::Backend;
 use crate::cli::Plan;
 use crate::connection::{BenchConnection, connect};
-use crate::pgbench::Pgbench;
 use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
+use crate::reference::ReferenceClient;
 use crate::runner::{self, Run, Tally};
 use crate::setup;
-use crate::variant::{Script, Variant, count_label};
+use crate::variant::{Script, Variant, count_label, reference_client};
 use crate::workload::{Workload, splitmix64};
 
 /// One variant at one consumer count.
@@ -51,8 +51,8 @@ pub struct BackendRun {
     pub server: ServerInfo,
     pub measurements: Vec<Measurement>,
     pub prefilled: Vec<IndexShape>,
-    /// The version of the pgbench that measured the reference rows, if any did.
-    pub pgbench: Option<String>,
+    /// The version of the C client that measured the reference rows, if any did.
+    pub reference_client: Option<String>,
     pub elapsed: Duration,
 }
 
@@ -105,11 +105,11 @@ pub fn median(sorted: &[f64]) -> Option<f64> {
     sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
-/// Measures every variant of `plan` on `db`, and with `pgbench` its reference rows.
+/// Measures every variant of `plan` on `db`, and with `client` its reference rows.
 pub async fn run_backend<C: BenchConnection>(
     db: &TestDatabase<C>,
     plan: &Plan,
-    pgbench: Option<&Pgbench>,
+    client: Option<&ReferenceClient>,
     progress: &Progress,
 ) -> anyhow::Result<BackendRun> {
     let began = Instant::now();
@@ -141,12 +141,12 @@ pub async fn run_backend<C: BenchConnection>(
             };
             measurements.push(step.measure(&mut admin, progress).await?);
         }
-        if let Some(pgbench) = pgbench {
-            for &script in &plan.references {
+        if let Some(client) = client {
+            for script in plan.references_on(C::BACKEND) {
                 setup::reset(&mut admin).await?;
                 let reference = Reference {
-                    pgbench,
-                    url: db.url(),
+                    client,
+                    place: db.url(),
                     script,
                     consumers,
                     round,
@@ -199,7 +199,7 @@ pub async fn run_backend<C: BenchConnection>(
         server,
         measurements,
         prefilled,
-        pgbench: pgbench.map(|pgbench| pgbench.version.clone()),
+        reference_client: client.map(|client| client.version.clone()),
         elapsed: began.elapsed(),
     })
 }
@@ -259,52 +259,71 @@ impl<C: BenchConnection> Step<'_, C> {
     }
 }
 
-/// One pgbench reference measurement.
+/// One reference measurement by a C client.
 struct Reference<'a> {
-    pgbench: &'a Pgbench,
-    /// The run's database, its schema in the URL's options.
-    url: &'a str,
+    client: &'a ReferenceClient,
+    /// The run's database: a URL (PostgreSQL's schema in its options), or SQLite's path.
+    place: &'a str,
     script: Script,
     consumers: usize,
     round: u32,
 }
 
 impl Reference<'_> {
-    /// Runs the script with one pgbench client per consumer, each taking an equal share
-    /// of `messages` (at least one), after the checkpoint a [`Step`] takes too.
+    /// Runs the script with one client per consumer, each taking an equal share of
+    /// `messages` (at least one), after the checkpoint a [`Step`] takes too. Like a
+    /// variant's, the measurement counts only once every transaction has credited its
+    /// account (and inserted its marker).
     async fn measure<C: BenchConnection>(
         self,
         admin: &mut C,
         messages: u64,
         progress: &Progress,
     ) -> anyhow::Result<Measurement> {
-        let variant = Variant::Pgbench(self.script);
+        let variant = Variant::Reference {
+            backend: C::BACKEND,
+            script: self.script,
+        };
         let name = step_name(C::BACKEND, self.consumers, variant);
         setup::checkpoint(admin).await?;
         let per_client = (messages / self.consumers as u64).max(1);
         let deliveries = per_client * self.consumers as u64;
         let bar = progress.step(name.clone(), deliveries);
-        bar.set_message("(pgbench reports at the end)");
-        let tps = self
-            .pgbench
-            .run(self.url, self.script, self.consumers, per_client)
+        bar.set_message(format!(
+            "({} reports at the end)",
+            reference_client(C::BACKEND)
+        ));
+        let before = setup::credits(admin).await?;
+        let elapsed = self
+            .client
+            .run(self.place, self.script, self.consumers, per_client)
             .await
             .with_context(|| name.clone())?;
+        let credits = setup::credits(admin).await? - before;
+        let markers = select_i64(admin, "SELECT COUNT(*) FROM inbox").await?;
+        let expected_markers = match self.script {
+            Script::Bare => 0,
+            Script::MarkerInsert => deliveries as i64,
+        };
+        ensure!(
+            credits == deliveries as i64 && markers == expected_markers,
+            "{name}: expected {deliveries} credits and {expected_markers} markers, \
+             got {credits} and {markers}"
+        );
         let measurement = Measurement {
             variant,
             consumers: self.consumers,
             round: self.round,
             deliveries,
             run: Run {
-                // The time pgbench counted, so that msg/s is its tps.
-                elapsed: Duration::from_secs_f64(deliveries as f64 / tps),
+                elapsed,
                 tally: Tally {
                     processed: deliveries,
                     ..Tally::default()
                 },
                 statements: deliveries * self.script.statements(),
             },
-            // pgbench's connections are not the harness's, so there is nothing to probe.
+            // The client's connections are not the harness's: there is nothing to probe.
             diagnostics: Diagnostics::default(),
         };
         progress.finish_step(

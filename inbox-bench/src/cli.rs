@@ -35,8 +35,9 @@ pub struct Args {
     pub prefill: Option<Prefill>,
 
     /// Variants to measure, comma-separated, by their numbers in the report: 1, 2, 3,
-    /// 4, 4b, 5, 6, 7 and the pgbench references p1, p2 [default: all]. A subset
-    /// shortens a run taken to compare a few of them, such as `1,3,4,p1,p2`.
+    /// 4, 4b, 5, 6, 7 and the references sent by C clients, p1, p2 (pgbench), m1, m2
+    /// (mariadb-slap), s1, s2 (sqlite3) [default: all]. A subset shortens a run taken to
+    /// compare a few of them, such as `1,3,4,m1,m2`.
     #[arg(long, value_delimiter = ',', value_parser = parse_variant_number)]
     pub variants: Vec<String>,
 
@@ -83,8 +84,8 @@ pub struct Plan {
     pub prefill: Vec<u64>,
     /// The variants measured on an emptied inbox, in report order.
     pub empty_inbox: Vec<Variant>,
-    /// The pgbench reference rows to run where pgbench is at hand.
-    pub references: Vec<Script>,
+    /// The reference rows to run, each on its backend where its client is at hand.
+    pub references: Vec<Variant>,
     pub smoke: bool,
     pub output: PathBuf,
     pub chart: PathBuf,
@@ -152,10 +153,7 @@ impl Plan {
                 .into_iter()
                 .filter(|&v| chosen(v))
                 .collect(),
-            references: Script::ALL
-                .into_iter()
-                .filter(|&script| chosen(Variant::Pgbench(script)))
-                .collect(),
+            references: Variant::references().filter(|&v| chosen(v)).collect(),
             smoke: args.smoke,
             output: args.output,
             chart: args.chart,
@@ -169,6 +167,20 @@ impl Plan {
     }
 
     /// Every variant the harness measures itself, in report order.
+    /// The scripts of the reference rows chosen for `backend`.
+    pub fn references_on(&self, backend: Backend) -> Vec<Script> {
+        self.references
+            .iter()
+            .filter_map(|&variant| match variant {
+                Variant::Reference {
+                    backend: on,
+                    script,
+                } if on == backend => Some(script),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn variants(&self) -> Vec<Variant> {
         let mut variants = self.empty_inbox.clone();
         variants.extend(self.prefill.iter().map(|&rows| Variant::Prefilled { rows }));
@@ -281,7 +293,7 @@ mod tests {
         assert_eq!(plan.prefill, vec![10_000]);
         assert_eq!(plan.backends, Backend::ALL.to_vec());
         assert_eq!(plan.variants().len(), Variant::EMPTY_INBOX.len() + 1);
-        assert_eq!(plan.references, Script::ALL.to_vec());
+        assert_eq!(plan.references, Variant::references().collect::<Vec<_>>());
     }
 
     #[test]
@@ -297,7 +309,13 @@ mod tests {
                 Variant::Duplicates { percent: 100 },
             ]
         );
-        assert_eq!(plan.references, vec![Script::MarkerInsert]);
+        assert_eq!(
+            plan.references,
+            vec![Variant::Reference {
+                backend: Backend::Postgres,
+                script: Script::MarkerInsert
+            }]
+        );
         assert!(plan.prefill.is_empty(), "variant 7 was not chosen");
 
         let args = Args::try_parse_from(["inbox-bench", "--variants", "7", "--prefill", "1M"]);
@@ -309,18 +327,16 @@ mod tests {
 
         assert_eq!(
             Variant::numbers(),
-            ["1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2"]
+            [
+                "1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2", "m1", "m2", "s1", "s2"
+            ]
         );
         for number in Variant::numbers() {
             let args = Args::try_parse_from(["inbox-bench", "--variants", number]).unwrap();
             let plan = Plan::new(args, &[]).unwrap();
             let measured = plan.variants().into_iter();
             let numbers: Vec<_> = measured
-                .chain(
-                    plan.references
-                        .iter()
-                        .map(|&script| Variant::Pgbench(script)),
-                )
+                .chain(plan.references.iter().copied())
                 .map(Variant::number)
                 .collect();
             assert!(

@@ -120,13 +120,6 @@ pub trait Statements: AsyncConnection {
         amount: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// `INSERT INTO inbox (message_id, consumer) VALUES ($1, $2)`.
-    fn plain_insert(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
-
     /// `INSERT INTO peer_inbox (message_id, consumer) VALUES ($1, $2)`.
     fn peer_insert(
         &mut self,
@@ -175,14 +168,6 @@ where
         credit_account(account, amount).execute(self)
     }
 
-    fn plain_insert(
-        &mut self,
-        message_id: String,
-        consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        plain_insert(message_id, consumer).execute(self)
-    }
-
     fn peer_insert(
         &mut self,
         message_id: String,
@@ -225,9 +210,10 @@ pub trait BenchConnection: Statements + TestConnection {
     /// statement on, for the peer flow's second transaction.
     const BEGIN_SERIALIZABLE: &'static str;
 
-    /// Inserts the marker as the library does on this backend; `Ok(false)` when a
-    /// marker for the key is already committed.
-    fn insert_marker(
+    /// Begins the transaction and inserts the marker as the library does on this
+    /// backend; `Ok(false)` when a marker for the key is already committed. Whatever it
+    /// returns, the caller ends the transaction.
+    fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
@@ -263,11 +249,12 @@ impl BenchConnection for AsyncPgConnection {
     const BACKEND: Backend = Backend::Postgres;
     const BEGIN_SERIALIZABLE: &'static str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
-    async fn insert_marker(
+    async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
+        self.batch_execute("BEGIN").await?;
         let inserted = plain_insert(message_id, consumer)
             .on_conflict((inbox::message_id, inbox::consumer))
             .do_nothing()
@@ -318,24 +305,25 @@ impl BenchConnection for AsyncMysqlConnection {
     const BEGIN_SERIALIZABLE: &'static str =
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION";
 
-    /// A plain insert, a duplicate-key error meaning a duplicate, as the library does:
-    /// MySQL's `ON DUPLICATE KEY` cannot tell a new row from a duplicate. Then the
-    /// marker's id, autocommit off, and the savepoint the commit releases.
-    async fn insert_marker(
+    /// One batch, as the library sends it: BEGIN, a plain insert of hex literals (a
+    /// duplicate-key error meaning a duplicate: MySQL's `ON DUPLICATE KEY` cannot tell a
+    /// new row from a duplicate), the marker's id, autocommit off, and the savepoint the
+    /// commit releases.
+    async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
-        match self.plain_insert(message_id, consumer).await {
-            Ok(_) => {
-                self.batch_execute(
-                    "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
-                     @diesel_inbox_autocommit = @@autocommit, autocommit = 0; \
-                     SAVEPOINT diesel_inbox_marker",
-                )
-                .await?;
-                Ok(true)
-            }
+        let batch = format!(
+            "BEGIN; INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
+             SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
+             @diesel_inbox_autocommit = @@autocommit, autocommit = 0; \
+             SAVEPOINT diesel_inbox_marker",
+            hex_digits(&message_id),
+            hex_digits(consumer),
+        );
+        match self.batch_execute(&batch).await {
+            Ok(()) => Ok(true),
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
             Err(other) => Err(other),
         }
@@ -386,20 +374,25 @@ impl BenchConnection for SqliteConn {
     // second writer waits in the busy handler instead of failing with SQLITE_BUSY.
     const BEGIN_SERIALIZABLE: &'static str = "BEGIN IMMEDIATE";
 
-    async fn insert_marker(
+    /// One batch, as the library sends it: BEGIN, a plain insert of hex literals cast to
+    /// text (a unique violation meaning a duplicate), and the savepoint.
+    async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
-        let inserted = plain_insert(message_id, consumer)
-            .on_conflict((inbox::message_id, inbox::consumer))
-            .do_nothing()
-            .execute(&mut *self)
-            .await?;
-        if inserted == 1 {
-            self.batch_execute("SAVEPOINT diesel_inbox_marker").await?;
+        let batch = format!(
+            "BEGIN; INSERT INTO inbox (message_id, consumer) \
+             VALUES (CAST(X'{}' AS TEXT), CAST(X'{}' AS TEXT)); \
+             SAVEPOINT diesel_inbox_marker",
+            hex_digits(&message_id),
+            hex_digits(consumer),
+        );
+        match self.batch_execute(&batch).await {
+            Ok(()) => Ok(true),
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+            Err(other) => Err(other),
         }
-        Ok(inserted == 1)
     }
 
     fn commit_checked(
@@ -439,6 +432,11 @@ impl BenchConnection for SqliteConn {
 /// is still there only in the transaction that inserted the marker, and the server skips
 /// the COMMIT when the RELEASE fails.
 const RELEASE_AND_COMMIT: &str = "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT";
+
+/// `text`'s bytes as hex digits, for a literal `X'…'`.
+fn hex_digits(text: &str) -> String {
+    text.bytes().map(|byte| format!("{byte:02X}")).collect()
+}
 
 /// Opens a connection to the run's own schema, database or file.
 pub async fn connect<C: BenchConnection>(db: &TestDatabase<C>) -> anyhow::Result<C> {

@@ -40,7 +40,9 @@ pub async fn handle<C: BenchConnection>(
         Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
         Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
         Variant::PeerFlow => peer_flow(conn, delivery).await,
-        Variant::Pgbench(_) => unreachable!("pgbench runs its script on connections of its own"),
+        Variant::Reference { .. } => {
+            unreachable!("a C client runs the reference script on connections of its own")
+        }
     }
 }
 
@@ -70,22 +72,21 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 }
 
 /// (3) The statements `#[idempotent]` issues for a new message, in its order. With
-/// unique keys its adaptive fast path never reads first, so neither does this: BEGIN, the
-/// marker insert (on MySQL and SQLite followed by the savepoint, and on MySQL the
-/// marker's id, in one round trip), the credit, then the backend's checked commit in one
-/// round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …;
-/// COMMIT`). A duplicate or an error rolls back. Transaction control is raw SQL because
-/// the library's commit is not `AsyncConnection::transaction`'s.
+/// unique keys its adaptive fast path never reads first, so neither does this: BEGIN and
+/// the marker insert (on PostgreSQL two round trips; on MySQL and SQLite one batch with
+/// the savepoint, and on MySQL the marker's id and autocommit off), the credit, then the
+/// backend's checked commit in one round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and
+/// SQLite: `RELEASE SAVEPOINT …; COMMIT`). A duplicate or an error rolls back.
+/// Transaction control is raw SQL because the library's commit is not
+/// `AsyncConnection::transaction`'s.
 async fn hand_written<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
 ) -> QueryResult<Outcome<()>> {
     let message_id = delivery.message_id.to_string();
-    // What the library's transaction manager sends on every backend.
-    conn.batch_execute("BEGIN").await?;
     let attempt = async {
         if !conn
-            .insert_marker(message_id.clone(), HAND_WRITTEN_CONSUMER)
+            .begin_with_marker(message_id.clone(), HAND_WRITTEN_CONSUMER)
             .await?
         {
             return Ok(Outcome::Duplicate);

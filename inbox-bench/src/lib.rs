@@ -13,9 +13,12 @@ mod workload;
 // Run: the databases, their connections and the handlers that run on them.
 mod connection;
 mod handlers;
+mod mariadb_slap;
 mod pgbench;
+mod reference;
 mod runner;
 mod setup;
+mod sqlite_shell;
 mod target;
 // Measure: a backend's measurements in order, and what the machine and server did.
 mod bench;
@@ -31,18 +34,18 @@ use diesel_inbox::testing::TestDatabase;
 
 pub use backend::Backend;
 pub use cli::{Args, Plan};
-pub use variant::{Script, Variant};
+pub use variant::{Script, Variant, reference_client};
 
 use crate::bench::BackendRun;
 use crate::connection::BenchConnection;
 use crate::machine::Machine;
-use crate::pgbench::Pgbench;
 use crate::progress::Progress;
+use crate::reference::ReferenceClient;
 use crate::target::Target;
 
 /// Runs every measurement of `plan`, writes the report and the chart, and returns the
-/// backends measured (a server backend without its URL is skipped, and so are the pgbench
-/// reference rows without pgbench).
+/// backends measured (a server backend without its URL is skipped, and so are a backend's
+/// reference rows without its C client).
 pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
     let machine = Machine::probe();
     let mut targets = Vec::new();
@@ -53,15 +56,19 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
             Err(reason) => skipped.push(reason),
         }
     }
-    // The pgbench reference rows need PostgreSQL.
-    let mut pgbench = None;
-    if targets
-        .iter()
-        .any(|target| target.backend() == Backend::Postgres)
-    {
-        match Pgbench::find() {
-            Ok(found) => pgbench = Some(found),
-            Err(reason) => skipped.push(reason),
+    let mut clients = Vec::new();
+    for target in &targets {
+        let backend = target.backend();
+        if plan.references_on(backend).is_empty() {
+            clients.push(None);
+            continue;
+        }
+        match ReferenceClient::find(backend) {
+            Ok(found) => clients.push(Some(found)),
+            Err(reason) => {
+                skipped.push(reason);
+                clients.push(None);
+            }
         }
     }
     for reason in &skipped {
@@ -71,24 +78,30 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
         bail!("no backend to measure");
     }
     let sweeps = plan.consumers.len() * plan.rounds as usize;
-    let references = pgbench.as_ref().map_or(0, |_| plan.references.len());
+    let references: usize = targets
+        .iter()
+        .zip(&clients)
+        .filter(|(_, client)| client.is_some())
+        .map(|(target, _)| plan.references_on(target.backend()).len())
+        .sum();
     let measurements = targets.len() * plan.variants().len() * sweeps + references * sweeps;
     let progress = Progress::new(measurements as u64);
 
     let mut runs = Vec::new();
-    for target in targets {
+    for (target, client) in targets.into_iter().zip(&clients) {
         let name = target::place_name();
+        let client = client.as_ref();
         runs.push(match target {
             Target::Postgres(url) => {
                 let db = TestDatabase::postgres(&url, &name).await?;
-                measure(db, plan, pgbench.as_ref(), &progress).await?
+                measure(db, plan, client, &progress).await?
             }
             Target::Mysql(url) => {
                 let db = TestDatabase::mysql(&url, &name).await?;
-                measure(db, plan, None, &progress).await?
+                measure(db, plan, client, &progress).await?
             }
             Target::Sqlite => {
-                measure(TestDatabase::sqlite(&name).await?, plan, None, &progress).await?
+                measure(TestDatabase::sqlite(&name).await?, plan, client, &progress).await?
             }
         });
     }
@@ -109,10 +122,10 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
 async fn measure<C: BenchConnection>(
     db: TestDatabase<C>,
     plan: &Plan,
-    pgbench: Option<&Pgbench>,
+    client: Option<&ReferenceClient>,
     progress: &Progress,
 ) -> anyhow::Result<BackendRun> {
-    let measured = bench::run_backend(&db, plan, pgbench, progress).await;
+    let measured = bench::run_backend(&db, plan, client, progress).await;
     let removed = db.cleanup().await;
     let run = measured?;
     removed?;

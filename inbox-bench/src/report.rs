@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::bench::{self, BackendRun, Measurement};
 use crate::cli::Plan;
 use crate::machine::Machine;
-use crate::variant::{Script, Variant, count_label};
+use crate::variant::{Script, Variant, count_label, reference_client};
 
 /// The consumer count the issue's targets are stated at.
 const TARGET_CONSUMERS: usize = 8;
@@ -154,9 +154,20 @@ fn render_setup(
             .iter()
             .map(|(name, value)| format!("`{name}` = {value}"))
             .collect();
-        let reference = run.pgbench.as_ref().map_or_else(String::new, |version| {
-            format!("; reference rows (p1) and (p2) by {version}")
-        });
+        let reference = run
+            .reference_client
+            .as_ref()
+            .map_or_else(String::new, |version| {
+                let [bare, marker] = Script::ALL.map(|script| Variant::Reference {
+                    backend: run.backend,
+                    script,
+                });
+                format!(
+                    "; reference rows {} and {} by {version}",
+                    short(bare),
+                    short(marker)
+                )
+            });
         let _ = writeln!(
             w,
             "- {}: {} ({}); measured in {:.0} s{reference}",
@@ -248,8 +259,13 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
     );
     line(w, "");
     // What the database allows, to read (4) / (1) against.
-    let [bare, marker] =
-        Script::ALL.map(|script| postgres.find(Variant::Pgbench(script), TARGET_CONSUMERS));
+    let [bare, marker] = Script::ALL.map(|script| {
+        let reference = Variant::Reference {
+            backend: Backend::Postgres,
+            script,
+        };
+        postgres.find(reference, TARGET_CONSUMERS)
+    });
     let reference = match (marker, bare) {
         (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).text,
         _ => "not measured".to_owned(),
@@ -390,14 +406,17 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         (if left { "---" } else { "---:" }).to_owned()
     });
     table_row(w, rule);
-    // The pgbench rows are found on PostgreSQL only, when pgbench was at hand.
+    // A backend's reference rows are found where its C client was at hand.
     let variants: Vec<Variant> = plan
         .variants()
         .into_iter()
         .chain(
-            plan.references
-                .iter()
-                .map(|&script| Variant::Pgbench(script)),
+            plan.references_on(run.backend)
+                .into_iter()
+                .map(|script| Variant::Reference {
+                    backend: run.backend,
+                    script,
+                }),
         )
         .collect();
     for &consumers in &plan.consumers {
@@ -439,6 +458,7 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         }
     }
     line(w, "");
+    render_reference(w, run);
     if !run.prefilled.is_empty() {
         line(w, "The pre-filled inbox's unique index:");
         line(w, "");
@@ -454,6 +474,38 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         }
         line(w, "");
     }
+}
+
+/// (4) / (1) at the target's consumer count beside what the backend's C client reaches
+/// with a marker insert in the same rounds, and the share of it that (4) keeps.
+fn render_reference(w: &mut String, run: &BackendRun) {
+    let [bare, marker] = Script::ALL.map(|script| Variant::Reference {
+        backend: run.backend,
+        script,
+    });
+    let find = |variant| run.find(variant, TARGET_CONSUMERS);
+    let (Some(library), Some(base), Some(marker), Some(bare)) = (
+        find(Variant::Idempotent),
+        find(Variant::Bare),
+        find(marker),
+        find(bare),
+    ) else {
+        return;
+    };
+    let library = measured_ratio(run, library, base);
+    let reference = measured_ratio(run, marker, bare);
+    let _ = writeln!(
+        w,
+        "At {TARGET_CONSUMERS} consumers, (4) / (1) is {}; {} / {}, the marker insert sent by \
+         {} in the same rounds, is {}: (4) / (1) is {:.2} of it.",
+        library.text,
+        short(marker.variant),
+        short(bare.variant),
+        reference_client(run.backend),
+        reference.text,
+        library.median / reference.median,
+    );
+    line(w, "");
 }
 
 /// One Markdown table row.
@@ -491,9 +543,10 @@ fn render_legend(w: &mut String) {
         "(1) the credit alone, in a transaction: the ceiling. (2) a look-up in a table \
          without a unique index, then insert and credit in one transaction: cheap and not \
          exactly-once. (3) the statements `#[idempotent]` issues for a new message, written \
-         by hand: BEGIN, marker insert, credit, then on PostgreSQL `SELECT 1; COMMIT` in one \
-         round trip; on MySQL and SQLite a savepoint after the marker insert (on MySQL with \
-         the marker's id), then `RELEASE SAVEPOINT …; COMMIT` in one round trip. (4) \
+         by hand: on PostgreSQL BEGIN, marker insert, credit, then `SELECT 1; COMMIT` in one \
+         round trip; on MySQL and SQLite BEGIN, the marker insert and a savepoint in one \
+         batch (on MySQL with the marker's id and autocommit off), the credit, then \
+         `RELEASE SAVEPOINT …; COMMIT` in one round trip. (4) \
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \
@@ -502,17 +555,19 @@ fn render_legend(w: &mut String) {
          flow, on a table of its own modelled on its `InboxState`: insert the row and \
          commit, then a serializable transaction that locks the row with `SELECT … FOR \
          UPDATE` (`BEGIN IMMEDIATE` on SQLite), credits and sets its `consumed_at`. (7) \
-         `#[idempotent]` over an inbox already holding that many markers. (p1) and (p2), \
-         on PostgreSQL where pgbench is on PATH: (1)'s statements, and (4)'s less the \
-         `SELECT 1`, run by pgbench (`-M prepared`, one client per consumer, on the run's \
-         own tables, in every round beside the variants), so (p2) / (p1) is what the \
-         database allows a marker insert without diesel or the harness; their diagnostics \
-         are left empty.",
+         `#[idempotent]` over an inbox already holding that many markers. The reference \
+         rows, where the backend's C client is on PATH: `BEGIN`, the credit, `COMMIT` \
+         (p1, m1, s1), and the same with the marker insert after `BEGIN` (p2, m2, s2), each \
+         statement on its own, one client per consumer on the run's own tables, in every \
+         round beside the variants: pgbench (`-M prepared`) on PostgreSQL, mariadb-slap \
+         (text queries; the account drawn by the server) on MySQL/MariaDB, sqlite3 shells \
+         (WAL, `synchronous = FULL`) on SQLite. Their ratio is what the database allows a \
+         marker insert without diesel or the harness; their diagnostics are left empty.",
         "**vs (1)**: throughput relative to (1) at the same consumer count; with several \
          rounds, the median of the ratios within each round.",
         "**statements/msg**: statements the consumers sent per delivery, BEGIN and COMMIT \
-         included; each is one round trip to the server (PostgreSQL's `SELECT 1; COMMIT` \
-         is one).",
+         included; each is one round trip to the server (a batch such as PostgreSQL's \
+         `SELECT 1; COMMIT` is one).",
         "**log fsyncs/msg** and **log KiB/msg**: PostgreSQL WAL syncs and bytes \
          (`pg_stat_wal`); InnoDB fsyncs (`Innodb_data_fsyncs`, the redo log's included) \
          and redo log bytes. Server-wide counters. Fewer fsyncs than commits means \
@@ -567,6 +622,10 @@ mod tests {
             "(5, 100% dups)"
         );
         assert_eq!(short(Variant::Prefilled { rows: 10_000_000 }), "(7, 10M)");
-        assert_eq!(short(Variant::Pgbench(Script::MarkerInsert)), "(p2)");
+        let reference = Variant::Reference {
+            backend: Backend::Mysql,
+            script: Script::MarkerInsert,
+        };
+        assert_eq!(short(reference), "(m2)");
     }
 }

@@ -1,6 +1,7 @@
 //! Putting the database into the state a measurement starts from. None of this is timed.
 
 use diesel_inbox::schema::INDEX_NAME;
+use diesel_inbox::testing::select_i64;
 use indicatif::ProgressBar;
 
 use crate::backend::Backend;
@@ -84,6 +85,18 @@ pub async fn reset<C: BenchConnection>(conn: &mut C) -> anyhow::Result<()> {
     })
     .await?;
     Ok(())
+}
+
+/// The sum of every account's balance: the credits applied so far.
+pub async fn credits<C: BenchConnection>(conn: &mut C) -> anyhow::Result<i64> {
+    // `SUM` of a BIGINT is a decimal on MySQL and PostgreSQL.
+    let sum = match C::BACKEND {
+        Backend::Mysql => "SELECT CAST(COALESCE(SUM(balance), 0) AS SIGNED) FROM accounts",
+        Backend::Postgres | Backend::Sqlite => {
+            "SELECT CAST(COALESCE(SUM(balance), 0) AS BIGINT) FROM accounts"
+        }
+    };
+    Ok(select_i64(conn, sum).await?)
 }
 
 /// Writes out what earlier steps left in the log, so that no measurement pays for a

@@ -2,20 +2,39 @@
 //! deliveries each one handles. How each handles them is the run's business, in
 //! `handlers.rs`.
 
+use crate::backend::Backend;
 use crate::workload::Workload;
 
-/// The reference rows pgbench measures on PostgreSQL: what it sends in each transaction.
+/// What a reference row's C client sends in each transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Script {
-    /// (p1) `BEGIN; UPDATE; COMMIT`: (1)'s statements.
+    /// (p1, m1, s1) `BEGIN; UPDATE; COMMIT`: (1)'s statements.
     Bare,
-    /// (p2) `BEGIN; INSERT marker; UPDATE; COMMIT`: (4)'s statements, but for the
-    /// `SELECT 1` that shares COMMIT's round trip.
+    /// (p2, m2, s2) `BEGIN; INSERT marker; UPDATE; COMMIT`: a marker insert without the
+    /// rest of what (4) sends (PostgreSQL's `SELECT 1`, MySQL's session variables and
+    /// savepoint, SQLite's savepoint).
     MarkerInsert,
 }
 
 impl Script {
     pub const ALL: [Self; 2] = [Self::Bare, Self::MarkerInsert];
+
+    /// Statements per transaction, each a round trip of its own.
+    pub fn statements(self) -> u64 {
+        match self {
+            Self::Bare => 3,
+            Self::MarkerInsert => 4,
+        }
+    }
+}
+
+/// The C client that sends a backend's reference rows.
+pub fn reference_client(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "pgbench",
+        Backend::Mysql => "mariadb-slap",
+        Backend::Sqlite => "sqlite3",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,8 +55,10 @@ pub enum Variant {
     PeerFlow,
     /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
     Prefilled { rows: u64 },
-    /// (p1) and (p2): a reference run by pgbench, on PostgreSQL only.
-    Pgbench(Script),
+    /// (p1, p2) by pgbench on PostgreSQL, (m1, m2) by mariadb-slap on MySQL/MariaDB,
+    /// (s1, s2) by the sqlite3 shell on SQLite: the database without diesel or the
+    /// harness.
+    Reference { backend: Backend, script: Script },
 }
 
 impl Variant {
@@ -58,11 +79,18 @@ impl Variant {
         let mut numbers: Vec<&'static str> = Self::EMPTY_INBOX
             .into_iter()
             .chain([Self::Prefilled { rows: 0 }])
-            .chain(Script::ALL.map(Self::Pgbench))
+            .chain(Self::references())
             .map(Self::number)
             .collect();
         numbers.dedup();
         numbers
+    }
+
+    /// Every backend's reference rows, in report order.
+    pub fn references() -> impl Iterator<Item = Self> {
+        Backend::ALL
+            .into_iter()
+            .flat_map(|backend| Script::ALL.map(|script| Self::Reference { backend, script }))
     }
 
     /// The number the report gives this variant: `4b`, `p1`. Both shares of
@@ -77,8 +105,14 @@ impl Variant {
             Self::Duplicates { .. } => "5",
             Self::PeerFlow => "6",
             Self::Prefilled { .. } => "7",
-            Self::Pgbench(Script::Bare) => "p1",
-            Self::Pgbench(Script::MarkerInsert) => "p2",
+            Self::Reference { backend, script } => match (backend, script) {
+                (Backend::Postgres, Script::Bare) => "p1",
+                (Backend::Postgres, Script::MarkerInsert) => "p2",
+                (Backend::Mysql, Script::Bare) => "m1",
+                (Backend::Mysql, Script::MarkerInsert) => "m2",
+                (Backend::Sqlite, Script::Bare) => "s1",
+                (Backend::Sqlite, Script::MarkerInsert) => "s2",
+            },
         }
     }
 
@@ -94,8 +128,13 @@ impl Variant {
             Self::Prefilled { rows } => {
                 format!("#[idempotent], {} rows in inbox", count_label(rows))
             }
-            Self::Pgbench(Script::Bare) => "pgbench: bare transaction".to_owned(),
-            Self::Pgbench(Script::MarkerInsert) => "pgbench: marker insert + bare".to_owned(),
+            Self::Reference { backend, script } => {
+                let client = reference_client(backend);
+                match script {
+                    Script::Bare => format!("{client}: bare transaction"),
+                    Script::MarkerInsert => format!("{client}: marker insert + bare"),
+                }
+            }
         };
         format!("({}) {description}", self.number())
     }

@@ -1,6 +1,6 @@
 //! The harness's smoke mode, run in-process: SQLite always, PostgreSQL and MySQL when
-//! `POSTGRES_URL` and `MYSQL_URL` are set, with pgbench's reference rows where pgbench is
-//! on PATH. It proves the harness works end to end; it never asserts a speed.
+//! `POSTGRES_URL` and `MYSQL_URL` are set, with each backend's reference rows where its C
+//! client (pgbench, mariadb-slap, sqlite3) is on PATH. It proves the harness works end to end; it never asserts a speed.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,17 +29,15 @@ async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
             );
         }
     }
-    let pgbench_rows = if pgbench_is_on_path() {
-        Script::ALL.map(Variant::Pgbench).to_vec()
-    } else {
-        Vec::new()
-    };
     let report = std::fs::read_to_string(&run.output).expect("report written");
     for backend in &measured {
         let section = section(&report, *backend);
         let mut variants = run.plan.variants();
-        if *backend == Backend::Postgres {
-            variants.extend(&pgbench_rows);
+        if client_is_on_path(*backend) {
+            variants.extend(Script::ALL.map(|script| Variant::Reference {
+                backend: *backend,
+                script,
+            }));
         }
         for &consumers in &run.plan.consumers {
             for &variant in &variants {
@@ -65,7 +63,7 @@ async fn a_run_of_chosen_variants_reports_only_those() {
         "--consumers",
         "2",
         "--variants",
-        "1,4,p2",
+        "1,4,p2,m2,s2",
     ]);
 
     let measured = inbox_bench::run(&run.plan)
@@ -80,8 +78,11 @@ async fn a_run_of_chosen_variants_reports_only_those() {
             .filter(|line| line.starts_with("| 2 | "))
             .collect();
         let mut expected = vec![Variant::Bare, Variant::Idempotent];
-        if *backend == Backend::Postgres && pgbench_is_on_path() {
-            expected.push(Variant::Pgbench(Script::MarkerInsert));
+        if client_is_on_path(*backend) {
+            expected.push(Variant::Reference {
+                backend: *backend,
+                script: Script::MarkerInsert,
+            });
         }
         assert_eq!(rows.len(), expected.len(), "{}:\n{section}", backend.name());
         for (row, variant) in rows.iter().zip(expected) {
@@ -142,8 +143,10 @@ fn section(report: &str, backend: Backend) -> &str {
         .unwrap_or_else(|| panic!("no section for {}:\n{report}", backend.name()))
 }
 
-fn pgbench_is_on_path() -> bool {
-    Command::new("pgbench")
+/// Whether the reference rows of `backend` can run here; without its client a run skips
+/// them with a message.
+fn client_is_on_path(backend: Backend) -> bool {
+    Command::new(inbox_bench::reference_client(backend))
         .arg("--version")
         .output()
         .is_ok_and(|output| output.status.success())

@@ -259,11 +259,8 @@ where
     // which requires the closure's future to be `Send` for every lifetime: rustc cannot
     // prove that for concrete connection types (rust-lang/rust#100013), and a handler
     // must be spawnable whenever its body is.
-    C::TransactionManager::begin_transaction(conn).await?;
-    match C::Backend::insert_marker(conn, marker).await {
-        Ok(true) => {}
-        Ok(false) => return Err(roll_back(conn, Stop::Duplicate).await),
-        Err(error) => return Err(roll_back(conn, Stop::Database(error)).await),
+    if !C::Backend::begin_with_marker(conn, marker).await? {
+        return Err(Stop::Duplicate);
     }
     match body(&mut *conn).await {
         Ok(value) => {
@@ -276,18 +273,6 @@ where
             Err(Error::BrokenTransactionManager) => Err(Stop::Handler(error)),
             Err(better) => Err(Stop::Database(better)),
         },
-    }
-}
-
-/// Rolls back a transaction that the body never ran in.
-async fn roll_back<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
-where
-    C: AsyncConnection,
-{
-    match C::TransactionManager::rollback_transaction(conn).await {
-        Ok(()) => stop,
-        Err(Error::BrokenTransactionManager) if !matches!(stop, Stop::Duplicate) => stop,
-        Err(rollback) => Stop::Database(rollback),
     }
 }
 

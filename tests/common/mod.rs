@@ -740,6 +740,49 @@ pub async fn invalid_keys_are_rejected_before_writing<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 1).await, vec![1]);
 }
 
+/// Keys that would break a statement they were spliced into, or change what it does, are
+/// stored byte for byte: each is processed once, its redelivery is a duplicate, and the
+/// fast path's read, which binds the key, finds the marker the insert wrote.
+pub async fn hostile_keys_are_stored_byte_for_byte<D: TestDb>(db: D) {
+    let keys = [
+        "it's",
+        "'); DELETE FROM inbox; --",
+        "\\'; DROP TABLE inbox; #",
+        "X'41' \" \\ `",
+        "é 日本語 🦀",
+    ];
+    create_tables(&db, keys.len() as i64).await;
+    let mut conn = db.connect().await;
+    for (account, key) in keys.iter().enumerate() {
+        let message = Credit {
+            message_id: (*key).to_owned(),
+            account: account as i64,
+        };
+        assert_eq!(
+            credit(&mut conn, &message).await.unwrap(),
+            Outcome::Processed(()),
+            "{key:?}"
+        );
+        assert_eq!(
+            credit(&mut conn, &message).await.unwrap(),
+            Outcome::Duplicate,
+            "{key:?}"
+        );
+        assert_eq!(
+            credit_reading_first(&mut conn, &message).await.unwrap(),
+            Outcome::Duplicate,
+            "{key:?}"
+        );
+    }
+    assert_eq!(
+        select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
+            .await
+            .unwrap(),
+        keys.len() as i64
+    );
+    assert_eq!(balances(&db, keys.len() as i64).await, vec![1; keys.len()]);
+}
+
 /// Dropping the handler mid-body leaves its transaction open on that connection. The
 /// next call there must not report `Processed` for work that would never commit, and
 /// once the connection is gone the message is processed afresh.
@@ -1169,6 +1212,7 @@ macro_rules! common_scenarios {
             handlers_run_inside_a_test_transaction,
             inbox_unique_violation_is_classified,
             invalid_keys_are_rejected_before_writing,
+            hostile_keys_are_stored_byte_for_byte,
             cancelled_handler_never_half_commits,
             cancelled_transaction_statements_never_half_commit,
             migrate_is_idempotent_and_concurrent,

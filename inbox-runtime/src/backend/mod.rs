@@ -125,6 +125,45 @@ pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
     error
 }
 
+/// Records in the transaction manager that a BEGIN about to be sent in a batch of our own
+/// opens a transaction. Counted before the batch is sent: should the call be dropped
+/// while it is in flight, the manager counts a transaction that the server may have
+/// opened, and pools discard the connection. Counted after, a dropped call would leave a
+/// connection that looks idle inside a transaction holding an uncommitted marker, where
+/// on MySQL the next user's BEGIN would commit it without the body's effects.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn enter_transaction<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+) -> diesel::QueryResult<()> {
+    change_transaction_depth(
+        conn,
+        diesel::connection::TransactionDepthChange::IncreaseDepth,
+    )
+}
+
+/// Ends the transaction that `begin_with_marker` opened unless it inserted the marker
+/// (`Ok(true)`, returned as it is): a duplicate, or an error, which explains more than
+/// a rollback that failed because the connection was already broken.
+pub(crate) async fn end_unless_inserted<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+    inserted: diesel::QueryResult<bool>,
+) -> diesel::QueryResult<bool> {
+    use diesel::result::Error;
+    use diesel_async::TransactionManager;
+
+    if let Ok(true) = inserted {
+        return inserted;
+    }
+    match (
+        inserted,
+        C::TransactionManager::rollback_transaction(conn).await,
+    ) {
+        (Ok(_), Ok(())) => Ok(false),
+        (Err(error), Ok(()) | Err(Error::BrokenTransactionManager)) => Err(error),
+        (_, Err(rollback)) => Err(rollback),
+    }
+}
+
 /// Records in the transaction manager that a COMMIT or ROLLBACK sent in a batch of our own
 /// has ended the transaction. Had the call been cancelled before this, the manager would
 /// still count a transaction, and pools discard such a connection.
@@ -132,13 +171,22 @@ pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
 pub(crate) fn leave_transaction<C: diesel_async::AsyncConnection>(
     conn: &mut C,
 ) -> diesel::QueryResult<()> {
-    use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
+    change_transaction_depth(
+        conn,
+        diesel::connection::TransactionDepthChange::DecreaseDepth,
+    )
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn change_transaction_depth<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+    change: diesel::connection::TransactionDepthChange,
+) -> diesel::QueryResult<()> {
+    use diesel::connection::TransactionManagerStatus;
     use diesel_async::TransactionManager;
 
     match C::TransactionManager::transaction_manager_status_mut(conn) {
-        TransactionManagerStatus::Valid(status) => {
-            status.change_transaction_depth(TransactionDepthChange::DecreaseDepth)
-        }
+        TransactionManagerStatus::Valid(status) => status.change_transaction_depth(change),
         TransactionManagerStatus::InError => Err(diesel::result::Error::BrokenTransactionManager),
     }
 }
@@ -157,7 +205,7 @@ pub(crate) mod sealed {
     /// `.await` inside the transaction closure makes rustc unable to prove the handler's
     /// future `Send` for concrete connection types (rust-lang/rust#100013), and handlers
     /// must be spawnable.
-    #[derive(Debug)]
+    #[derive(Debug, Clone)]
     pub struct Marker {
         pub message_id: String,
         pub consumer: &'static str,
@@ -189,9 +237,31 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Inserts the marker row as the transaction's first statement; `Ok(false)` when
-        /// the row was already there (committed by another transaction, which this call
-        /// waited for). Also prepares whatever [`Sealed::commit`] checks.
+        /// Begins the transaction and inserts the marker as its first statement, as
+        /// BEGIN then [`Sealed::insert_marker`] do, which is how it is done by default.
+        /// `Ok(true)` leaves the transaction open with the marker; on `Ok(false)` (a
+        /// duplicate) or `Err` the transaction is over.
+        fn begin_with_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, Self, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            use diesel_async::TransactionManager;
+
+            let marker = marker.clone();
+            async move {
+                C::TransactionManager::begin_transaction(conn).await?;
+                let inserted = Self::insert_marker(conn, &marker).await;
+                super::end_unless_inserted(conn, inserted).await
+            }
+        }
+
+        /// Inserts the marker row right after BEGIN, or in a test transaction after the
+        /// call's savepoint; `Ok(false)` when the row was already there (committed by
+        /// another transaction, which this call waited for). Also prepares whatever
+        /// [`Sealed::commit`] checks.
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,

@@ -44,3 +44,16 @@ pub(super) fn fingerprinted_insert(
         inbox::fingerprint.eq(fingerprint),
     ))
 }
+
+/// `text`'s bytes as hex digits, for a literal `X'…'` in a text batch: no byte of the
+/// caller's key can end the literal or change what the statement does.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) fn hex_digits(text: &str) -> String {
+    use std::fmt::Write as _;
+
+    text.bytes()
+        .fold(String::with_capacity(2 * text.len()), |mut hex, byte| {
+            write!(hex, "{byte:02X}").expect("writing to a String cannot fail");
+            hex
+        })
+}

@@ -91,7 +91,7 @@ where
 
 /// Rolls back the transaction that `error` ended the use of, restores the session, and
 /// returns `error`, which explains more than a failure of either.
-async fn roll_back_and_restore<C>(conn: &mut C, error: Error) -> Error
+pub(super) async fn roll_back_and_restore<C>(conn: &mut C, error: Error) -> Error
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {

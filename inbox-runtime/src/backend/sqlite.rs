@@ -1,8 +1,10 @@
 //! SQLite.
 //!
-//! `INSERT … ON CONFLICT DO NOTHING` is the first statement of the transaction, so a
-//! second writer waits in the busy handler instead of failing at once with
-//! `SQLITE_BUSY` (SQLite skips the busy handler for a transaction that has already read).
+//! The marker insert is the first statement of the transaction, so a second writer waits
+//! in the busy handler instead of failing at once with `SQLITE_BUSY` (SQLite skips the
+//! busy handler for a transaction that has already read). It is sent with BEGIN and the
+//! savepoint in one batch, one hop to the connection's blocking thread: a duplicate is
+//! a unique violation there, which ends the batch and leaves the transaction open.
 //! Connections need `PRAGMA busy_timeout`; `journal_mode = WAL` lets the fast-path read
 //! run while another connection writes.
 
@@ -25,13 +27,15 @@ mod imp {
     use diesel::QueryResult;
     use diesel::dsl::{exists, not, select};
     use diesel::prelude::*;
+    use diesel::result::{DatabaseErrorKind, Error};
     use diesel::sql_types::{BigInt, Text};
     use diesel::sqlite::Sqlite;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::marker_row;
+    use super::super::queries::{hex_digits, marker_row};
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
+    use super::super::{end_unless_inserted, enter_transaction};
 
     diesel::table! {
         /// The connection's `PRAGMA read_uncommitted`, as a table-valued function.
@@ -41,6 +45,42 @@ mod imp {
     }
 
     impl sealed::Sealed for Sqlite {
+        /// The key goes in as hex literals cast to the `TEXT` the columns hold (a blob
+        /// would never equal the bound text that other statements compare it with).
+        fn begin_with_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let (columns, fingerprint) = match &marker.fingerprint {
+                None => ("message_id, consumer", String::new()),
+                Some(fingerprint) => (
+                    "message_id, consumer, fingerprint",
+                    format!(", CAST(X'{}' AS TEXT)", hex_digits(fingerprint)),
+                ),
+            };
+            let batch = format!(
+                "BEGIN; INSERT INTO inbox ({columns}) \
+                 VALUES (CAST(X'{}' AS TEXT), CAST(X'{}' AS TEXT){fingerprint}); SAVEPOINT {}",
+                hex_digits(&marker.message_id),
+                hex_digits(marker.consumer),
+                savepoint!(),
+            );
+            async move {
+                enter_transaction(conn)?;
+                let inserted = match conn.batch_execute(&batch).await {
+                    Ok(()) => Ok(true),
+                    // Only the insert writes to a unique index.
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                    Err(error) => Err(error),
+                };
+                end_unless_inserted(conn, inserted).await
+            }
+        }
+
+        // In a test transaction, after the call's savepoint.
         insert_marker_on_conflict_do_nothing!(then concat!("SAVEPOINT ", savepoint!()));
 
         fn already_processed<'c, C>(
