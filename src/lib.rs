@@ -69,6 +69,7 @@ pub use inbox_runtime::Pruner;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;
+pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     DatabaseErrorSource, Disposition, ErrorClass, InboxBackend, InboxKey, InvalidKey, Outcome,
     RegisteredHandler, Retention, SharedConsumers, check_consumers, classify, find_database_error,
@@ -84,6 +85,7 @@ pub mod __private {
         ConnectionParameter, FastPath, Handler, HandlerError, HandlerResult, fake_return,
         inventory, run,
     };
+    pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
 }
 
 #[cfg(feature = "testing")]

@@ -1,5 +1,5 @@
 //! Parsing the attribute's arguments: `consumer = "…", key = <expr>, conn = <ident>,
-//! fast_path = <bool expr>, crate = <path>`.
+//! fast_path = <bool expr>, crate = <path>, batch = <ident>`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -8,7 +8,7 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, Token};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-pub(crate) const ARGUMENTS: [&str; 5] = ["consumer", "key", "conn", "fast_path", "crate"];
+pub(crate) const ARGUMENTS: [&str; 6] = ["consumer", "key", "conn", "fast_path", "crate", "batch"];
 
 /// One `name = value` pair, not yet checked.
 pub(crate) struct Argument {

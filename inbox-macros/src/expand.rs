@@ -24,12 +24,14 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         ok,
         err,
         krate,
+        batch,
     } = handler;
     let ReturnType::Type(_, result) = &function.sig.output else {
         unreachable!("validation accepted only a return type")
     };
     let result_span = result.span();
-    let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
+    let messages = batch.as_ref().map(|batch| &batch.messages);
+    let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
     let conn_mut = take_connection_mut(&mut function.sig, &conn);
     let body = &function.block;
     // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
@@ -42,8 +44,10 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // plain `async fn` (coroutines drop what they own when they complete, which for the
     // body would be before COMMIT). The closure's parameter reuses the connection's name,
     // so the body can only reach the transaction's connection.
-    let closure =
-        quote!(async |#conn_mut #conn| -> #closure_result { #fake_return #(#borrows)* #body });
+    let messages = crate::batch::closure_parameter(batch.as_ref());
+    let closure = quote!(
+        async |#conn_mut #conn #messages| -> #closure_result { #fake_return #(#borrows)* #body }
+    );
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
     // Evaluated before the transaction, and spanned at the key so that a key without
     // `InboxKey` is reported there, as a bound of the public trait itself.
@@ -84,19 +88,28 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let run = {
-        let krate = at(&krate, conn.span());
-        quote_spanned!(conn.span()=>
-            #krate::__private::run(
-                #krate::__private::ConnectionParameter::borrow(#conn),
-                &#registration,
-                #message_id,
-                #fast_path_value,
-                #into_error,
-                #closure,
+    let run = if let Some(batch) = &batch {
+        crate::batch::expand_run(batch, &krate, &conn, &registration, &into_error, &closure)
+    } else {
+        let run = {
+            let krate = at(&krate, conn.span());
+            quote_spanned!(conn.span()=>
+                #krate::__private::run(
+                    #krate::__private::ConnectionParameter::borrow(#conn),
+                    &#registration,
+                    #message_id,
+                    #fast_path_value,
+                    #into_error,
+                    #closure,
+                )
+                .await
             )
-            .await
-        )
+        };
+        quote! {
+            let #message_id = #encode;
+            let #fast_path_value = #fast_path;
+            #run
+        }
     };
     function.block = parse_quote!({
         #claim
@@ -107,13 +120,13 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
         #krate::__private::inventory::submit! { #registered }
-        let #message_id = #encode;
-        let #fast_path_value = #fast_path;
         #run
     });
-    function.sig.output = parse_quote!(
-        -> ::core::result::Result<#krate::Outcome<#ok>, #err>
-    );
+    let outcome = match batch {
+        None => quote!(#krate::Outcome<#ok>),
+        Some(_) => quote!(#krate::BatchOutcome<#ok>),
+    };
+    function.sig.output = parse_quote!(-> ::core::result::Result<#outcome, #err>);
     quote!(#function)
 }
 
@@ -230,7 +243,12 @@ fn encode_consumer(consumer: &str) -> String {
 /// tuple type. Others are borrowed only if already `mut` (a `ref` binding is a reference
 /// already). Returns one `let _ = &mut name;` per binding, under the parameter's `cfg`,
 /// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind.
-fn borrow_parameters(sig: &mut Signature, conn: &Ident, body: &syn::Block) -> Vec<TokenStream> {
+fn borrow_parameters(
+    sig: &mut Signature,
+    conn: &Ident,
+    messages: Option<&Ident>,
+    body: &syn::Block,
+) -> Vec<TokenStream> {
     let mentioned = mentioned_names(quote!(#body));
     let mut borrows = Vec::new();
     for input in &mut sig.inputs {
@@ -250,7 +268,10 @@ fn borrow_parameters(sig: &mut Signature, conn: &Ident, body: &syn::Block) -> Ve
                 });
             }
             FnArg::Typed(typed) => {
-                if matches!(typed.pat.as_ref(), Pat::Ident(pat) if pat.ident == *conn) {
+                // The closure's own parameters, shadowing these.
+                if matches!(typed.pat.as_ref(), Pat::Ident(pat)
+                    if pat.ident == *conn || messages == Some(&pat.ident))
+                {
                     continue;
                 }
                 let cfg = typed

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod args;
+mod batch;
 mod expand;
 mod validate;
 

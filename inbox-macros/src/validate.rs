@@ -25,6 +25,8 @@ pub(crate) struct Handler {
     pub(crate) err: Type,
     /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
     pub(crate) krate: Path,
+    /// `Some` for the batch form, `batch = <parameter>`.
+    pub(crate) batch: Option<crate::batch::Batch>,
 }
 
 /// A handler that failed a check: the errors, and the argument expressions that would
@@ -38,7 +40,7 @@ pub(crate) struct Rejected {
 
 /// Collects errors so that one build reports all of them.
 #[derive(Default)]
-struct Errors(Option<syn::Error>);
+pub(crate) struct Errors(Option<syn::Error>);
 
 impl Errors {
     fn push(&mut self, error: syn::Error) {
@@ -48,7 +50,11 @@ impl Errors {
         }
     }
 
-    fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+    pub(crate) fn spanned(
+        &mut self,
+        tokens: impl quote::ToTokens,
+        message: impl std::fmt::Display,
+    ) {
         self.push(syn::Error::new_spanned(tokens, message));
     }
 }
@@ -80,13 +86,17 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     let mut given: [Option<Expr>; ARGUMENTS.len()] = Default::default();
     // An argument suggested for a misspelt one is not reported missing as well.
     let mut suggested = Vec::new();
+    let mut written = Vec::new();
     for argument in args.list {
         let name = argument.name.to_string();
         match ARGUMENTS.iter().position(|known| *known == name) {
             Some(slot) if given[slot].is_some() => {
                 errors.spanned(&argument.name, format!("duplicate argument `{name}`"));
             }
-            Some(slot) => given[slot] = Some(argument.value),
+            Some(slot) => {
+                given[slot] = Some(argument.value);
+                written.push(argument.name);
+            }
             None => {
                 let closest = closest_argument(&name);
                 errors.spanned(&argument.name, unknown_argument(&name, closest));
@@ -94,7 +104,12 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
             }
         }
     }
-    let [consumer, key, conn, fast_path, krate] = given;
+    let [consumer, key, conn, fast_path, krate, batch] = given;
+    let batch = batch.map(|messages| {
+        crate::batch::validate(&messages, key.as_ref(), &written, function, &mut errors)
+    });
+    // A batch's key is a closure, which a rejected handler cannot name without types.
+    let key_use = key.clone().filter(|_| batch.is_none());
 
     let consumer = match consumer {
         Some(value) => consumer_name(&value, &mut errors),
@@ -136,7 +151,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         );
         return Err(Rejected {
             error: errors.0.expect("just recorded"),
-            uses: key.into_iter().chain(fast_path).collect(),
+            uses: key_use.into_iter().chain(fast_path).collect(),
         });
     }
     if signature.asyncness.is_none() {
@@ -168,8 +183,8 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         connection_lifetime_unnamed(conn, function, &mut errors);
     }
 
-    match (errors.0, consumer, key, conn, result, krate) {
-        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
+    match (errors.0, consumer, key, conn, result, krate, batch) {
+        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate), batch) => {
             Ok(Handler {
                 consumer,
                 key,
@@ -178,11 +193,12 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
                 ok,
                 err,
                 krate,
+                batch: batch.flatten(),
             })
         }
-        (Some(error), _, key, ..) => Err(Rejected {
+        (Some(error), ..) => Err(Rejected {
             error,
-            uses: key.into_iter().chain(fast_path).collect(),
+            uses: key_use.into_iter().chain(fast_path).collect(),
         }),
         _ => unreachable!("every missing piece records an error"),
     }

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+mod batch;
 mod classify;
 mod disposition;
 mod fast_path;
@@ -30,6 +31,7 @@ pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;
+pub use batch::{BatchOutcome, InvalidBatchKey, batch_keys, batch_messages, run_batch};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
 pub use fast_path::FastPath;

@@ -21,7 +21,7 @@ use crate::test_transaction;
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Handler {
-    registration: RegisteredHandler,
+    pub(crate) registration: RegisteredHandler,
     recent_duplicates: DuplicateShare,
 }
 
@@ -284,7 +284,7 @@ where
 }
 
 /// Rolls back a transaction that the body never ran in.
-async fn roll_back<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
+pub(crate) async fn roll_back<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
 where
     C: AsyncConnection,
 {
@@ -296,7 +296,7 @@ where
 }
 
 /// The transaction a call finds its connection in, where it can run.
-enum Enclosing {
+pub(crate) enum Enclosing {
     Nothing,
     /// Opened by `begin_test_transaction`, and nothing open inside it.
     TestTransaction,
@@ -304,7 +304,7 @@ enum Enclosing {
 
 /// Refuses a connection inside any other transaction, or whose transaction state is
 /// unknown.
-fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
+pub(crate) fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
     if test_transaction::is_open(conn) {
         return Ok(Enclosing::TestTransaction);
     }
