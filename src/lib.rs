@@ -78,6 +78,7 @@ pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;
+pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     Claim, ClaimError, DatabaseErrorSource, Disposition, ErrorClass, Fingerprint,
     FingerprintMismatch, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, Retention,
@@ -94,6 +95,7 @@ pub mod __private {
         ClaimPolicy, ConnectionParameter, FastPath, Fingerprint, Handler, HandlerError,
         HandlerResult, fake_return, inventory, run, run_claimed,
     };
+    pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
 }
 
 #[cfg(feature = "testing")]

@@ -46,6 +46,7 @@ impl TestDb for MysqlDb {
 }
 
 common_scenarios!(create);
+batch_scenarios!(create, swallowed = "ROLLBACK");
 
 impl MysqlDb {
     /// The server's id for this connection, as `KILL QUERY` takes it.

@@ -48,6 +48,7 @@ impl TestDb for PgDb {
 }
 
 common_scenarios!(create);
+batch_scenarios!(create, swallowed = "SELECT * FROM no_such_table");
 
 #[idempotent(consumer = "swallowing", key = credit.message_id.as_str())]
 async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {

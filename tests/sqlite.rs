@@ -57,6 +57,7 @@ impl TestDb for SqliteDb {
 }
 
 common_scenarios!(create);
+batch_scenarios!(create, swallowed = "ROLLBACK");
 
 /// Credits the account, then records a ledger entry that already exists with
 /// `OR ROLLBACK`: SQLite answers the constraint violation by rolling back the whole

@@ -1,7 +1,7 @@
 //! Parsing the attribute's arguments: `consumer = "…", key = <expr>, conn = <ident>,
-//! fast_path = <bool expr>, crate = <path>`, and for claim mode `claim`,
-//! `lease = <Duration expr>`, `max_attempts = <integer>`, `takeover = <bool>`, and in
-//! both modes `fingerprint = <bytes or text expr>`.
+//! fast_path = <bool expr>, crate = <path>`, for claim mode `claim`,
+//! `lease = <Duration expr>`, `max_attempts = <integer>`, `takeover = <bool>`, in both
+//! modes `fingerprint = <bytes or text expr>`, and for the batch form `batch = <ident>`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -10,7 +10,7 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, Token};
 
 /// Every argument the attribute accepts, in the order the docs list them.
-pub(crate) const ARGUMENTS: [&str; 10] = [
+pub(crate) const ARGUMENTS: [&str; 11] = [
     "consumer",
     "key",
     "conn",
@@ -21,6 +21,7 @@ pub(crate) const ARGUMENTS: [&str; 10] = [
     "max_attempts",
     "takeover",
     "fingerprint",
+    "batch",
 ];
 
 /// One `name = value` pair, or a bare `name`, not yet checked.

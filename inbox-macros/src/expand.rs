@@ -26,12 +26,14 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         ok,
         err,
         krate,
+        batch,
     } = handler;
     let ReturnType::Type(_, result) = &function.sig.output else {
         unreachable!("validation accepted only a return type")
     };
     let result_span = result.span();
-    let borrows = borrow_parameters(&mut function.sig, &conn, &function.block);
+    let messages = batch.as_ref().map(|batch| &batch.messages);
+    let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
     let conn_mut = take_connection_mut(&mut function.sig, &conn);
     let body = &function.block;
     // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
@@ -47,8 +49,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // A claim-mode body runs outside the transaction it is named for, and most make
     // their external call without touching the connection.
     let unused_connection = claim.is_some().then(|| quote!(#[allow(unused_variables)]));
+    let messages = crate::batch::closure_parameter(batch.as_ref());
     let closure = quote!(
-        async |#unused_connection #conn_mut #conn| -> #closure_result {
+        async |#unused_connection #conn_mut #conn #messages| -> #closure_result {
             #fake_return #(#borrows)* #body
         }
     );
@@ -109,25 +112,35 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let run = {
-        let krate = at(&krate, conn.span());
-        let run = if claim_mode {
-            quote_spanned!(conn.span()=> #krate::__private::run_claimed)
-        } else {
-            quote_spanned!(conn.span()=> #krate::__private::run)
-        };
-        quote_spanned!(conn.span()=>
-            #run(
-                #krate::__private::ConnectionParameter::borrow(#conn),
-                &#registration,
-                #message_id,
-                #mode_value,
-                #fingerprint_value,
-                #into_error,
-                #closure,
+    let run = if let Some(batch) = &batch {
+        crate::batch::expand_run(batch, &krate, &conn, &registration, &into_error, &closure)
+    } else {
+        let run = {
+            let krate = at(&krate, conn.span());
+            let run = if claim_mode {
+                quote_spanned!(conn.span()=> #krate::__private::run_claimed)
+            } else {
+                quote_spanned!(conn.span()=> #krate::__private::run)
+            };
+            quote_spanned!(conn.span()=>
+                #run(
+                    #krate::__private::ConnectionParameter::borrow(#conn),
+                    &#registration,
+                    #message_id,
+                    #mode_value,
+                    #fingerprint_value,
+                    #into_error,
+                    #closure,
+                )
+                .await
             )
-            .await
-        )
+        };
+        quote! {
+            let #message_id = #encode;
+            let #mode_value = #mode;
+            let #fingerprint_value = #fingerprint;
+            #run
+        }
     };
     function.block = parse_quote!({
         #claim
@@ -138,14 +151,13 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
         #krate::__private::inventory::submit! { #registered }
-        let #message_id = #encode;
-        let #mode_value = #mode;
-        let #fingerprint_value = #fingerprint;
         #run
     });
-    function.sig.output = parse_quote!(
-        -> ::core::result::Result<#krate::Outcome<#ok>, #err>
-    );
+    let outcome = match batch {
+        None => quote!(#krate::Outcome<#ok>),
+        Some(_) => quote!(#krate::BatchOutcome<#ok>),
+    };
+    function.sig.output = parse_quote!(-> ::core::result::Result<#outcome, #err>);
     quote!(#function)
 }
 
@@ -283,7 +295,12 @@ fn encode_consumer(consumer: &str) -> String {
 /// tuple type. Others are borrowed only if already `mut` (a `ref` binding is a reference
 /// already). Returns one `let _ = &mut name;` per binding, under the parameter's `cfg`,
 /// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind.
-fn borrow_parameters(sig: &mut Signature, conn: &Ident, body: &syn::Block) -> Vec<TokenStream> {
+fn borrow_parameters(
+    sig: &mut Signature,
+    conn: &Ident,
+    messages: Option<&Ident>,
+    body: &syn::Block,
+) -> Vec<TokenStream> {
     let mentioned = mentioned_names(quote!(#body));
     let mut borrows = Vec::new();
     for input in &mut sig.inputs {
@@ -303,7 +320,10 @@ fn borrow_parameters(sig: &mut Signature, conn: &Ident, body: &syn::Block) -> Ve
                 });
             }
             FnArg::Typed(typed) => {
-                if matches!(typed.pat.as_ref(), Pat::Ident(pat) if pat.ident == *conn) {
+                // The closure's own parameters, shadowing these.
+                if matches!(typed.pat.as_ref(), Pat::Ident(pat)
+                    if pat.ident == *conn || messages == Some(&pat.ident))
+                {
                     continue;
                 }
                 let cfg = typed

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod args;
+mod batch;
 mod expand;
 mod validate;
 
@@ -82,6 +83,18 @@ use quote::ToTokens;
 ///   call, is never run again: deliveries get `ClaimError::Quarantined`, classified
 ///   `Permanent`, until a person settles it. A claim released by a failed body still
 ///   runs again.
+/// - `batch = <parameter>`: the batch form. The parameter holds many messages (`&[M]`,
+///   `Vec<M>`, `&Vec<M>` or an array), and `key` is then a closure from one message to
+///   its key, `key = |msg| msg.message_id` (the key is borrowed, as in the single form).
+///   The body runs once, in one transaction with the markers of the whole batch, and
+///   sees under the parameter's name a `Vec<&M>` of the messages new to this consumer, in
+///   the batch's order; it does not run when none is new, nor for an empty batch. The
+///   handler returns `Result<diesel_inbox::BatchOutcome<T>, E>`: each message's
+///   `Processed` or `Duplicate`, by its index, and the body's value. The same key twice
+///   in a batch is processed once, at its first place. An invalid key rejects the whole
+///   batch before anything is written (`diesel_inbox::InvalidBatchKey` names the
+///   message). `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a call of
+///   `diesel_inbox::__private::run_batch` in place of `run`.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`. For a renamed dependency
 ///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
@@ -211,7 +224,9 @@ use quote::ToTokens;
 /// not a `Duration` (at the lease); a `crate` that
 /// is not a path; a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate
-/// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `conn` naming no
+/// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `batch` naming no
+/// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a
+/// batch `key` that is not a one-parameter closure, or `fast_path` beside `batch`; `conn` naming no
 /// parameter, or no connection parameter found, or several `&mut` candidates; a
 /// connection taken by value (at the parameter); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type

@@ -29,6 +29,8 @@ pub(crate) struct Handler {
     pub(crate) err: Type,
     /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
     pub(crate) krate: Path,
+    /// `Some` for the batch form, `batch = <parameter>`.
+    pub(crate) batch: Option<crate::batch::Batch>,
 }
 
 /// Claim mode's settings (`claim`, then `lease`, `max_attempts` and `takeover`).
@@ -52,7 +54,7 @@ pub(crate) struct Rejected {
 
 /// Collects errors so that one build reports all of them.
 #[derive(Default)]
-struct Errors(Option<syn::Error>);
+pub(crate) struct Errors(Option<syn::Error>);
 
 impl Errors {
     fn push(&mut self, error: syn::Error) {
@@ -62,7 +64,11 @@ impl Errors {
         }
     }
 
-    fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+    pub(crate) fn spanned(
+        &mut self,
+        tokens: impl quote::ToTokens,
+        message: impl std::fmt::Display,
+    ) {
         self.push(syn::Error::new_spanned(tokens, message));
     }
 }
@@ -94,13 +100,17 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     let mut given: [Option<Argument>; ARGUMENTS.len()] = Default::default();
     // An argument suggested for a misspelt one is not reported missing as well.
     let mut suggested = Vec::new();
+    let mut written = Vec::new();
     for argument in args.list {
         let name = argument.name.to_string();
         match ARGUMENTS.iter().position(|known| *known == name) {
             Some(slot) if given[slot].is_some() => {
                 errors.spanned(&argument.name, format!("duplicate argument `{name}`"));
             }
-            Some(slot) => given[slot] = Some(argument),
+            Some(slot) => {
+                written.push(argument.name.clone());
+                given[slot] = Some(argument);
+            }
             None => {
                 let closest = closest_argument(&name);
                 errors.spanned(&argument.name, unknown_argument(&name, closest));
@@ -119,6 +129,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         max_attempts,
         takeover,
         fingerprint,
+        batch,
     ] = given;
     // A `claim` written with a value is reported, and still read as claim mode.
     if let Some(claim) = &claim {
@@ -137,6 +148,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         max_attempts,
         takeover,
         fingerprint,
+        batch,
     ] = [
         consumer,
         key,
@@ -147,6 +159,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         max_attempts,
         takeover,
         fingerprint,
+        batch,
     ]
     .map(|argument| argument.and_then(|argument| value(argument, &mut errors)));
     let claim = claim_settings(
@@ -159,8 +172,14 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         },
         &mut errors,
     );
+    let batch = batch.map(|messages| {
+        crate::batch::validate(&messages, key.as_ref(), &written, function, &mut errors)
+    });
+    // A batch's key is a closure, which a rejected handler cannot name without types.
+    let key_use = key.clone().filter(|_| batch.is_none());
     let uses = || {
-        key.clone()
+        key_use
+            .clone()
             .into_iter()
             .chain(fast_path.clone())
             .chain(lease.clone())
@@ -241,8 +260,8 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     }
 
     let uses = uses();
-    match (errors.0, consumer, key, conn, result, krate) {
-        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate)) => {
+    match (errors.0, consumer, key, conn, result, krate, batch) {
+        (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate), batch) => {
             Ok(Handler {
                 consumer,
                 key,
@@ -253,6 +272,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
                 ok,
                 err,
                 krate,
+                batch: batch.flatten(),
             })
         }
         (Some(error), ..) => Err(Rejected { error, uses }),

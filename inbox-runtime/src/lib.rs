@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+mod batch;
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub mod broker;
 pub mod claims;
@@ -35,6 +36,7 @@ pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;
+pub use batch::{BatchOutcome, InvalidBatchKey, batch_keys, batch_messages, run_batch};
 pub use claims::{Claim, ClaimError, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};

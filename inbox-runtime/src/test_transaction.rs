@@ -56,11 +56,7 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
-        .await?;
-    // Counted as a level of transaction, as diesel counts its own savepoints: a handler
-    // inside the body is then refused, as it would be outside a test.
-    change_depth(conn, TransactionDepthChange::IncreaseDepth)?;
+    begin(conn).await?;
     match C::Backend::insert_marker(conn, marker).await {
         Ok(true) => {}
         Ok(false) => {
@@ -84,11 +80,20 @@ where
     }
 }
 
+/// Sets the savepoint where the call's transaction would begin.
+pub(crate) async fn begin<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
+    conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+        .await?;
+    // Counted as a level of transaction, as diesel counts its own savepoints: a handler
+    // inside the body is then refused, as it would be outside a test.
+    change_depth(conn, TransactionDepthChange::IncreaseDepth)
+}
+
 /// Releases the savepoint, as COMMIT would end the call's transaction. That fails where
 /// the database aborted the transaction under a body that swallowed the error
 /// (PostgreSQL), and where the test transaction itself ended (a deadlock on MySQL,
 /// `OR ROLLBACK` on SQLite, DDL on MySQL): the savepoint is gone with it.
-async fn release<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
+pub(crate) async fn release<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
     match conn
         .batch_execute(concat!("RELEASE SAVEPOINT ", savepoint!()))
         .await
@@ -105,7 +110,7 @@ async fn release<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
 /// Rolls back to the savepoint. Where it is gone, so is the test transaction, and the
 /// connection's transaction manager is marked broken: its count of open transactions
 /// no longer holds.
-async fn roll_back<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
+pub(crate) async fn roll_back<C: AsyncConnection>(conn: &mut C) -> QueryResult<()> {
     match conn.batch_execute(ROLL_BACK_TO_SAVEPOINT).await {
         Ok(()) => change_depth(conn, TransactionDepthChange::DecreaseDepth),
         Err(error) => {

@@ -16,6 +16,8 @@ use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
 
+pub mod batch;
+
 /// A database a test has to itself, and what its suite knows about the backend.
 pub trait TestDb: Clone + Send + Sync + 'static {
     type Conn: TestConnection;

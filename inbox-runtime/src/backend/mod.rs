@@ -269,6 +269,22 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
+        /// Inserts a batch's markers as the transaction's first statements, in the order
+        /// given (`message_ids` are distinct and sorted, so that overlapping batches take
+        /// the keys' locks in one order and wait for each other rather than deadlock).
+        /// Returns, for each id, whether its marker is new: `false` for one already
+        /// there, committed by another transaction that this call waited for. When any
+        /// is new, also prepares what [`Sealed::commit`] checks, as
+        /// [`Sealed::insert_marker`] does. The statements stay within the backend's
+        /// bind-parameter limit, however long the batch.
+        fn insert_markers<'c, C>(
+            conn: &'c mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> impl Future<Output = QueryResult<Vec<bool>>> + Send + use<'c, Self, C>
+        where
+            C: AsyncConnection<Backend = Self>;
+
         /// Commits the transaction the marker was inserted in, after checking that it is
         /// still that transaction: the database may have rolled it back underneath a
         /// handler that carried on past the error (committing then would commit nothing,

@@ -120,7 +120,10 @@ mod imp {
     use diesel::sql_types::{BigInt, Bool, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::{fingerprinted_insert, hex_digits, plain_insert};
+    use super::super::queries::{
+        InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits,
+        plain_insert,
+    };
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
     use super::super::{end_unless_inserted, enter_transaction};
@@ -140,6 +143,12 @@ mod imp {
     const AFTER_MARKER_INSERT: &str = concat!(
         "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
          @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
+        savepoint!()
+    );
+
+    /// [`AFTER_MARKER_INSERT`] for a batch whose marker id is already recorded.
+    const AFTER_MARKER_ID: &str = concat!(
+        "SET @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
         savepoint!()
     );
 
@@ -241,6 +250,88 @@ mod imp {
                     // auto-increment key is the inbox's, whatever language the message is in.
                     Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
                     Err(other) => Err(other),
+                }
+            }
+        }
+
+        async fn insert_markers<C>(
+            conn: &mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> QueryResult<Vec<bool>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // MySQL has no `INSERT … RETURNING`, and `ON DUPLICATE KEY UPDATE` reports
+            // no row of its own (see the module's docs). A plain multi-row INSERT either
+            // inserts every marker of the statement or, on a duplicate, none: InnoDB
+            // undoes the statement and the transaction goes on. Only a statement that met
+            // a duplicate is repeated, one marker per statement, which tells each marker's
+            // fate. Each statement takes the keys in ascending order, so overlapping
+            // batches wait for each other instead of deadlocking.
+            let mut new = Vec::with_capacity(message_ids.len());
+            // The last marker inserted, while the last statement inserted it: then
+            // `LAST_INSERT_ID()` is one of this transaction's markers.
+            let mut own_marker: Option<String> = None;
+            let mut last_inserted = false;
+            for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+                let insert = InsertMarkers {
+                    message_ids: chunk.clone(),
+                    consumer,
+                    suffix: "",
+                };
+                match insert.execute(&mut *conn).await {
+                    Ok(_) => {
+                        new.resize(new.len() + chunk.len(), true);
+                        own_marker = chunk.last().cloned();
+                        last_inserted = true;
+                        continue;
+                    }
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+                    Err(other) => return Err(other),
+                }
+                for message_id in chunk {
+                    let insert = plain_insert(message_id.clone(), consumer);
+                    last_inserted = match insert.execute(&mut *conn).await {
+                        Ok(_) => true,
+                        Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => false,
+                        Err(other) => return Err(other),
+                    };
+                    if last_inserted {
+                        own_marker = Some(message_id);
+                    }
+                    new.push(last_inserted);
+                }
+            }
+            let Some(own_marker) = own_marker else {
+                return Ok(new);
+            };
+            if !last_inserted {
+                // A duplicate came last, and `LAST_INSERT_ID()` is not to be trusted after
+                // a failed statement: the marker's id is read instead.
+                diesel::sql_query(
+                    "SET @diesel_inbox_marker_id = \
+                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?)",
+                )
+                .bind::<Text, _>(own_marker)
+                .bind::<Text, _>(consumer)
+                .execute(&mut *conn)
+                .await?;
+            }
+            match conn
+                .batch_execute(if last_inserted {
+                    AFTER_MARKER_INSERT
+                } else {
+                    AFTER_MARKER_ID
+                })
+                .await
+            {
+                Ok(()) => Ok(new),
+                Err(error) => {
+                    let _explained_by_error = conn
+                        .batch_execute(concat!("ROLLBACK; ", restore_autocommit!()))
+                        .await;
+                    Err(error)
                 }
             }
         }

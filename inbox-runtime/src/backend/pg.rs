@@ -47,10 +47,10 @@ mod imp {
     use diesel::OptionalExtension as _;
     use diesel::QueryResult;
     use diesel::result::{DatabaseErrorKind, Error};
-    use diesel::sql_types::BigInt;
+    use diesel::sql_types::{Array, BigInt, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
-    use super::super::queries::marker_exists;
+    use super::super::queries::{NewMarker, marker_exists};
     use super::super::sealed::{self, Marker, PruneBounds};
     use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
     use super::ABORTED_TRANSACTION;
@@ -71,6 +71,35 @@ mod imp {
         {
             // PostgreSQL never reads uncommitted rows, at any isolation level.
             marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
+        }
+
+        async fn insert_markers<C>(
+            conn: &mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> QueryResult<Vec<bool>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            // The ids bound as one array: one statement and one prepared plan whatever
+            // the batch's size, and no bind-parameter limit to split it for. The insert
+            // takes the rows in the order `unnest` yields them, the array's.
+            let inserted: Vec<NewMarker> = diesel::sql_query(
+                "INSERT INTO inbox (message_id, consumer) \
+                 SELECT message_id, $2 FROM unnest($1::text[]) AS batch (message_id) \
+                 ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
+            )
+            .bind::<Array<Text>, _>(&message_ids)
+            .bind::<Text, _>(consumer)
+            .load(conn)
+            .await?;
+            let mut new = vec![false; message_ids.len()];
+            for marker in inserted {
+                if let Ok(at) = message_ids.binary_search(&marker.message_id) {
+                    new[at] = true;
+                }
+            }
+            Ok(new)
         }
 
         fn abandon<'c, C>(

@@ -24,6 +24,14 @@ pub(super) fn marker_exists(message_id: String, consumer: &'static str) -> _ {
     diesel::dsl::select(diesel::dsl::exists(row))
 }
 
+/// A marker that a batch insert's `RETURNING` reports as new.
+#[cfg(feature = "postgres")]
+#[derive(diesel::QueryableByName)]
+pub(super) struct NewMarker {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(super) message_id: String,
+}
+
 #[diesel::dsl::auto_type]
 pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     insert_into(inbox::table).values((
@@ -56,4 +64,76 @@ pub(super) fn hex_digits(text: &str) -> String {
             write!(hex, "{byte:02X}").expect("writing to a String cannot fail");
             hex
         })
+}
+
+/// `INSERT INTO inbox (message_id, consumer) VALUES (?, ?), …`, one row per id in the
+/// order given, then `suffix`, for the backends without an array type to bind the ids
+/// as one parameter.
+///
+/// Its SQL differs with the number of rows, so it is cached as a prepared statement per
+/// row count: the callers cap that count ([`MARKERS_PER_STATEMENT`]), which bounds the
+/// statements each connection keeps prepared (MySQL's `max_prepared_stmt_count` is
+/// server-wide) and keeps far below every bind-parameter limit.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) struct InsertMarkers {
+    pub(super) message_ids: Vec<String>,
+    pub(super) consumer: &'static str,
+    pub(super) suffix: &'static str,
+}
+
+/// Most markers one [`InsertMarkers`] statement inserts: two bind parameters each, far
+/// below SQLite's 32,766 and MySQL's 65,535.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) const MARKERS_PER_STATEMENT: usize = 64;
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+impl diesel::query_builder::QueryId for InsertMarkers {
+    type QueryId = ();
+    // The SQL depends on the row count: the statement cache must key it by its text.
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+impl diesel::query_builder::Query for InsertMarkers {
+    type SqlType = diesel::sql_types::Text;
+}
+
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+impl<DB> diesel::query_builder::QueryFragment<DB> for InsertMarkers
+where
+    DB: diesel::backend::Backend,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::Text;
+
+        out.push_sql("INSERT INTO inbox (message_id, consumer) VALUES ");
+        for (n, message_id) in self.message_ids.iter().enumerate() {
+            out.push_sql(if n == 0 { "(" } else { ", (" });
+            out.push_bind_param::<Text, String>(message_id)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Text, str>(self.consumer)?;
+            out.push_sql(")");
+        }
+        out.push_sql(self.suffix);
+        Ok(())
+    }
+}
+
+/// Splits sorted `message_ids` into owned runs of at most `size`, in order.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) fn chunks(mut message_ids: Vec<String>, size: usize) -> Vec<Vec<String>> {
+    let mut chunks = Vec::with_capacity(message_ids.len().div_ceil(size));
+    while message_ids.len() > size {
+        let rest = message_ids.split_off(size);
+        chunks.push(std::mem::replace(&mut message_ids, rest));
+    }
+    if !message_ids.is_empty() {
+        chunks.push(message_ids);
+    }
+    chunks
 }

@@ -32,7 +32,9 @@ mod imp {
     use diesel::sqlite::Sqlite;
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
-    use super::super::queries::{hex_digits, marker_row};
+    use super::super::queries::{
+        InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits, marker_row,
+    };
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
     use super::super::{end_unless_inserted, enter_transaction};
@@ -100,6 +102,31 @@ mod imp {
                     .and(not(exists(reads_uncommitted))),
             )
             .get_result(conn)
+        }
+
+        async fn insert_markers<C>(
+            conn: &mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> QueryResult<Vec<bool>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let mut new = Vec::with_capacity(message_ids.len());
+            for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+                let insert = InsertMarkers {
+                    message_ids: chunk.clone(),
+                    consumer,
+                    suffix: " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
+                };
+                let inserted: Vec<String> = insert.load(&mut *conn).await?;
+                new.extend(chunk.iter().map(|id| inserted.contains(id)));
+            }
+            if new.contains(&true) {
+                conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+                    .await?;
+            }
+            Ok(new)
         }
 
         fn commit<'c, C>(

@@ -1,0 +1,160 @@
+//! The batch form, `#[idempotent(consumer = "…", batch = msgs, key = |msg| msg.id)]`: the
+//! handler takes many messages, and its body runs once, in one transaction, over those
+//! that are new. Checked and expanded here; everything both forms share stays in
+//! `validate.rs` and `expand.rs`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, Path};
+
+use crate::validate::{Errors, at};
+
+/// What the batch form adds to a handler that passed every check.
+pub(crate) struct Batch {
+    /// The parameter holding the messages; the body sees, under the same name, the new
+    /// ones.
+    pub(crate) messages: Ident,
+    /// `key = |input| body`: the key of one message.
+    key_input: Pat,
+    key_body: Expr,
+}
+
+/// Arguments that do not combine with `batch`, and why. Claim mode's `claim` belongs
+/// here too once it exists: a batch has no lease per message.
+const NOT_WITH_BATCH: &[(&str, &str)] = &[
+    (
+        "fast_path",
+        "`fast_path` does not apply to a batch: its marker insert finds every duplicate of \
+         the batch in the same statements, so reading first would only add a round trip",
+    ),
+    (
+        "claim",
+        "claim mode does not take batches: each claim is a transaction of its own, before \
+         and after an external call per message; claim each message with its own call",
+    ),
+    (
+        "fingerprint",
+        "`fingerprint` does not apply to a batch yet: each message's payload would need one \
+         of its own; use a handler per message where key reuse must be caught",
+    ),
+];
+
+/// Checks `batch = <parameter>`, the closure `key` must then be, and the arguments
+/// `written` beside it.
+pub(crate) fn validate(
+    messages: &Expr,
+    key: Option<&Expr>,
+    written: &[Ident],
+    function: &ItemFn,
+    errors: &mut Errors,
+) -> Option<Batch> {
+    for name in written {
+        if let Some((_, why)) = NOT_WITH_BATCH.iter().find(|(other, _)| name == other) {
+            errors.spanned(name, why);
+        }
+    }
+    let messages = messages_parameter(messages, function, errors);
+    let key = key.and_then(|key| match key {
+        Expr::Closure(closure)
+            if closure.inputs.len() == 1
+                && closure.asyncness.is_none()
+                && closure.capture.is_none()
+                && matches!(closure.output, syn::ReturnType::Default) =>
+        {
+            Some((closure.inputs[0].clone(), (*closure.body).clone()))
+        }
+        other => {
+            errors.spanned(
+                other,
+                "with `batch`, `key` is a closure from one message to its key, such as \
+                 `key = |msg| msg.message_id`",
+            );
+            None
+        }
+    });
+    let (key_input, key_body) = key?;
+    Some(Batch {
+        messages: messages?,
+        key_input,
+        key_body,
+    })
+}
+
+/// The parameter `batch = …` names.
+fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> Option<Ident> {
+    let message = "`batch` takes the name of the parameter holding the messages, \
+                   such as `batch = msgs` for `msgs: &[CreditRequested]`";
+    let Expr::Path(path) = value else {
+        errors.spanned(value, message);
+        return None;
+    };
+    let Some(name) = path.path.get_ident() else {
+        errors.spanned(value, message);
+        return None;
+    };
+    let is_parameter = function.sig.inputs.iter().any(|input| {
+        matches!(input, FnArg::Typed(typed)
+            if matches!(typed.pat.as_ref(), Pat::Ident(pat) if pat.ident == *name))
+    });
+    if !is_parameter {
+        errors.spanned(name, format!("`{name}` is not a parameter of this handler"));
+        return None;
+    }
+    Some(name.clone())
+}
+
+/// The closure's parameter after the connection: the new messages, under the batch
+/// parameter's name.
+pub(crate) fn closure_parameter(batch: Option<&Batch>) -> Option<TokenStream> {
+    batch.map(|batch| {
+        let messages = &batch.messages;
+        quote!(, #messages)
+    })
+}
+
+/// The handler's statements from the keys on: the keys of all messages, checked before
+/// the transaction, then the call of `run_batch`, which returns the handler's result.
+pub(crate) fn expand_run(
+    batch: &Batch,
+    krate: &Path,
+    conn: &Ident,
+    registration: &Ident,
+    into_error: &TokenStream,
+    closure: &TokenStream,
+) -> TokenStream {
+    let Batch {
+        messages,
+        key_input,
+        key_body,
+    } = batch;
+    let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
+    // Spanned at the key, so that a key without `InboxKey` is reported there. The key is
+    // borrowed, as in the single form, so `|msg| msg.message_id` needs no `.clone()`.
+    let keys = {
+        let krate = at(krate, key_body.span());
+        quote_spanned!(key_body.span()=>
+            #krate::__private::batch_keys(#krate::__private::batch_messages(&#messages), |#key_input| {
+                #krate::InboxKey::encode(&(#key_body))
+            })
+        )
+    };
+    let run = {
+        let krate = at(krate, conn.span());
+        quote_spanned!(conn.span()=>
+            #krate::__private::run_batch(
+                #krate::__private::ConnectionParameter::borrow(#conn),
+                &#registration,
+                #krate::__private::batch_messages(&#messages),
+                #message_ids,
+                #into_error,
+                #closure,
+            )
+            .await
+        )
+    };
+    quote! {
+        let #message_ids = #keys;
+        #run
+    }
+}

@@ -1,0 +1,437 @@
+//! Batch handlers: many messages in one transaction, each still applied exactly once.
+//!
+//! A batch pays BEGIN, the marker inserts, the body and COMMIT once for all its messages,
+//! instead of once per message. The markers are inserted together, in the order of their
+//! keys (a canonical lock order: two batches that overlap wait for each other, neither
+//! holding a key the other already waits for), and the body sees only the messages whose
+//! markers are new. Everything else is as for one message: the body's writes and every new
+//! marker commit together or not at all.
+
+use std::fmt;
+use std::time::Instant;
+
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, TransactionManager};
+use tracing::Instrument as _;
+
+use crate::backend::InboxBackend;
+use crate::backend::sealed::Sealed as _;
+use crate::classify::{ErrorClass, classify};
+use crate::disposition::{DatabaseErrorSource, Disposition};
+use crate::key::InvalidKey;
+use crate::outcome::Outcome;
+use crate::test_transaction;
+use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction, roll_back};
+
+/// What an `#[idempotent(batch = …)]` handler did with a batch: for each message, in the
+/// order given, whether it was processed or a duplicate, and the body's value.
+///
+/// Every message of a batch that returned `Ok` may be acknowledged: either this call
+/// committed its effect, or an earlier delivery had. A message whose key appears twice in
+/// the batch is processed once, at its first place; the later copies are duplicates.
+#[must_use = "a BatchOutcome tells which messages were processed"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome<T> {
+    value: Option<T>,
+    outcomes: Vec<Outcome<()>>,
+}
+
+impl<T> BatchOutcome<T> {
+    /// The body's value, or `None` when the body did not run: an empty batch, or one whose
+    /// every message was already processed.
+    pub fn value(&self) -> Option<&T> {
+        self.value.as_ref()
+    }
+
+    /// The body's value, as [`BatchOutcome::value`].
+    pub fn into_value(self) -> Option<T> {
+        self.value
+    }
+
+    /// One outcome per message, at the message's index in the batch.
+    pub fn outcomes(&self) -> &[Outcome<()>] {
+        &self.outcomes
+    }
+
+    /// How many messages the body processed.
+    pub fn processed(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.is_processed()).count()
+    }
+
+    /// How many messages were duplicates: processed before, or earlier in the batch.
+    pub fn duplicates(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.is_duplicate()).count()
+    }
+
+    /// Every message a duplicate, and the body not run.
+    fn all_duplicates(len: usize) -> Self {
+        Self {
+            value: None,
+            outcomes: vec![Outcome::Duplicate; len],
+        }
+    }
+}
+
+/// A message of the batch whose key cannot be stored. The whole batch is rejected before
+/// anything is written, so that the caller can set that message aside (dead-letter it)
+/// and deliver the others again.
+///
+/// Reaches the handler's caller wrapped in [`diesel::result::Error::SerializationError`]
+/// (classified `Permanent`); [`InvalidBatchKey::find`] takes it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidBatchKey {
+    /// Index of the message in the batch.
+    pub index: usize,
+    /// What is wrong with its key.
+    pub reason: InvalidKey,
+}
+
+impl InvalidBatchKey {
+    /// The invalid key inside a handler's database error, if that is what it is.
+    pub fn find(error: &Error) -> Option<&Self> {
+        match error {
+            Error::SerializationError(inner) => inner.downcast_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for InvalidBatchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {} of the batch: {}; nothing of the batch was written",
+            self.index, self.reason
+        )
+    }
+}
+
+impl std::error::Error for InvalidBatchKey {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.reason)
+    }
+}
+
+impl From<InvalidBatchKey> for Error {
+    fn from(invalid: InvalidBatchKey) -> Self {
+        Self::SerializationError(Box::new(invalid))
+    }
+}
+
+impl Disposition {
+    /// Settles a batch handler's result, for every message of the batch alike: `Ok` is
+    /// [`Disposition::Ack`] (each message was processed or a duplicate), an error is
+    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`], dead-letter the
+    /// message it names and redeliver the others.
+    pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
+    where
+        E: DatabaseErrorSource + fmt::Display,
+    {
+        let Err(error) = result else {
+            return Self::Ack;
+        };
+        match error.database_error().map(classify) {
+            Some(ErrorClass::InboxDuplicate) => Self::Ack,
+            Some(class) if class.is_retryable() => Self::Retry { after: None },
+            Some(_) | None => Self::DeadLetter {
+                reason: error.to_string(),
+            },
+        }
+    }
+}
+
+/// The messages of a batch parameter: a slice, an array, a `Vec`, or a reference to one.
+#[doc(hidden)]
+pub fn batch_messages<M, A: AsRef<[M]> + ?Sized>(messages: &A) -> &[M] {
+    messages.as_ref()
+}
+
+/// Encodes the key of each message, in order; the first that cannot be stored rejects
+/// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here.
+#[doc(hidden)]
+pub fn batch_keys<M>(
+    messages: &[M],
+    mut key: impl FnMut(&M) -> Result<String, InvalidKey>,
+) -> Result<Vec<String>, InvalidBatchKey> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| key(message).map_err(|reason| InvalidBatchKey { index, reason }))
+        .collect()
+}
+
+/// The markers a batch inserts: its distinct keys in ascending order, and where each
+/// message's key is among them.
+struct Markers {
+    message_ids: Vec<String>,
+    /// For each message, the index of its key in `message_ids`.
+    key_of: Vec<usize>,
+    /// For each key, the first message that has it.
+    first: Vec<usize>,
+}
+
+impl Markers {
+    fn new(keys: Vec<String>) -> Self {
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        // Stable, so that the first message of each key comes first.
+        order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+        let mut markers = Self {
+            message_ids: Vec::with_capacity(keys.len()),
+            key_of: vec![0; keys.len()],
+            first: Vec::with_capacity(keys.len()),
+        };
+        let mut keys: Vec<Option<String>> = keys.into_iter().map(Some).collect();
+        for index in order {
+            let key = keys[index].take().expect("each message is visited once");
+            if markers.message_ids.last() != Some(&key) {
+                markers.message_ids.push(key);
+                markers.first.push(index);
+            }
+            markers.key_of[index] = markers.message_ids.len() - 1;
+        }
+        markers
+    }
+
+    /// Whether message `index` is the one to process, given which keys are new.
+    fn processes(&self, index: usize, new: &[bool]) -> bool {
+        let key = self.key_of[index];
+        new[key] && self.first[key] == index
+    }
+}
+
+/// Runs `body` once over the messages of `messages` that are new to this consumer, in
+/// one transaction with their markers. This is what `#[idempotent(batch = …)]` expands
+/// to.
+///
+/// 1. An empty batch returns at once, with no transaction. An invalid key (in
+///    `message_ids`, encoded by [`batch_keys`]) rejects the batch before anything is
+///    written.
+/// 2. Refuses a connection inside a transaction, as [`run`](crate::run) does (a test
+///    transaction gets a savepoint instead).
+/// 3. In one transaction: inserts the batch's markers in key order, each key once,
+///    waiting for any transaction holding one of them, then runs `body` on the new
+///    messages, in the batch's order, and commits after the same check as `run`'s that
+///    the database did not roll the transaction back underneath. If no message is new,
+///    the body does not run, and the transaction rolls back. `Err` from `body` rolls back
+///    every marker of the batch.
+///
+/// The returned future is `Send` exactly when `body`'s is.
+#[doc(hidden)]
+pub async fn run_batch<'m, C, M, T, E, F>(
+    conn: &mut C,
+    handler: &'static Handler,
+    messages: &'m [M],
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    into_error: fn(Error) -> E,
+    body: F,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r, 'b> AsyncFnOnce(&'r mut C, Vec<&'b M>) -> Result<T, E>,
+{
+    if messages.is_empty() {
+        return Ok(BatchOutcome::all_duplicates(0));
+    }
+    let registration = handler.registration;
+    let span = tracing::info_span!(
+        "inbox.process_batch",
+        messaging.operation.type = "process",
+        messaging.consumer.group.name = registration.consumer,
+        messaging.batch.message_count = messages.len(),
+        code.function.name = registration.handler,
+        inbox.processed = tracing::field::Empty,
+        inbox.duplicates = tracing::field::Empty,
+        inbox.outcome = tracing::field::Empty,
+        inbox.duration_ms = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let stopped = process(conn, registration.consumer, messages, message_ids, body)
+        .instrument(span.clone())
+        .await;
+    let elapsed = started.elapsed();
+    span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
+    let (result, outcome) = match stopped {
+        Ok(batch) => {
+            span.record("inbox.processed", batch.processed());
+            span.record("inbox.duplicates", batch.duplicates());
+            (Ok(batch), "processed")
+        }
+        Err(Stop::Duplicate) => {
+            tracing::debug!(parent: &span, "every message already processed: the body did not run");
+            (
+                Ok(BatchOutcome::all_duplicates(messages.len())),
+                "duplicate",
+            )
+        }
+        Err(Stop::Handler(error)) => (Err(error), "handler_error"),
+        Err(Stop::Database(error)) => {
+            span.record("error.type", tracing::field::debug(classify(&error)));
+            tracing::debug!(parent: &span, error = %error, "nothing was committed");
+            (Err(into_error(error)), "database_error")
+        }
+    };
+    span.record("inbox.outcome", outcome);
+    #[cfg(feature = "metrics")]
+    match &result {
+        // Each message counts as a delivery of its own.
+        Ok(batch) => {
+            for message in batch.outcomes() {
+                let outcome = if message.is_processed() {
+                    "processed"
+                } else {
+                    "duplicate"
+                };
+                crate::metrics::record(registration.consumer, outcome, elapsed);
+            }
+        }
+        Err(_) => {
+            for _ in messages {
+                crate::metrics::record(registration.consumer, outcome, elapsed);
+            }
+        }
+    }
+    result
+}
+
+async fn process<'m, C, M, T, E, F>(
+    conn: &mut C,
+    consumer: &'static str,
+    messages: &'m [M],
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    body: F,
+) -> Result<BatchOutcome<T>, Stop<E>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r, 'b> AsyncFnOnce(&'r mut C, Vec<&'b M>) -> Result<T, E>,
+{
+    let markers = Markers::new(message_ids.map_err(Error::from)?);
+    let in_test_transaction = match enclosing_transaction(conn)? {
+        Enclosing::Nothing => false,
+        Enclosing::TestTransaction => true,
+    };
+    if in_test_transaction {
+        test_transaction::begin(conn).await?;
+    } else {
+        C::TransactionManager::begin_transaction(conn).await?;
+    }
+    let new = match C::Backend::insert_markers(conn, consumer, markers.message_ids.clone()).await {
+        Ok(new) if new.contains(&true) => new,
+        Ok(_) => return Err(end(conn, in_test_transaction, Stop::Duplicate).await),
+        Err(error) => return Err(end(conn, in_test_transaction, Stop::Database(error)).await),
+    };
+    let to_process = messages
+        .iter()
+        .enumerate()
+        .filter(|&(index, _)| markers.processes(index, &new))
+        .map(|(_, message)| message)
+        .collect();
+    let result = body(&mut *conn, to_process).await;
+    let value = if in_test_transaction {
+        match result {
+            Ok(value) => {
+                test_transaction::release(conn).await?;
+                value
+            }
+            Err(error) => {
+                let _explained_by_error = test_transaction::roll_back(conn).await;
+                return Err(Stop::Handler(error));
+            }
+        }
+    } else {
+        match result {
+            Ok(value) => {
+                C::Backend::commit(conn).await?;
+                value
+            }
+            Err(error) => {
+                return Err(match C::Backend::abandon(conn).await {
+                    Ok(()) | Err(Error::BrokenTransactionManager) => Stop::Handler(error),
+                    Err(better) => Stop::Database(better),
+                });
+            }
+        }
+    };
+    let outcomes = (0..messages.len())
+        .map(|index| {
+            if markers.processes(index, &new) {
+                Outcome::Processed(())
+            } else {
+                Outcome::Duplicate
+            }
+        })
+        .collect();
+    Ok(BatchOutcome {
+        value: Some(value),
+        outcomes,
+    })
+}
+
+/// Ends the transaction (or the test transaction's savepoint) that the body never ran in.
+async fn end<C, E>(conn: &mut C, in_test_transaction: bool, stop: Stop<E>) -> Stop<E>
+where
+    C: AsyncConnection,
+{
+    if !in_test_transaction {
+        return roll_back(conn, stop).await;
+    }
+    match test_transaction::roll_back(conn).await {
+        Ok(()) => stop,
+        Err(error) if matches!(stop, Stop::Duplicate) => Stop::Database(error),
+        Err(_) => stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{InvalidBatchKey, Markers, batch_keys};
+    use crate::key::{InvalidKey, encode_key};
+
+    fn markers(keys: &[&str]) -> Markers {
+        Markers::new(keys.iter().map(|k| k.to_string()).collect())
+    }
+
+    #[test]
+    fn markers_are_distinct_and_sorted() {
+        let m = markers(&["c", "a", "b", "a", "c"]);
+        assert_eq!(m.message_ids, ["a", "b", "c"]);
+        assert_eq!(m.key_of, [2, 0, 1, 0, 2]);
+        assert_eq!(m.first, [1, 2, 0]);
+    }
+
+    #[test]
+    fn only_the_first_copy_of_a_new_key_is_processed() {
+        let m = markers(&["c", "a", "b", "a", "c"]);
+        // "a" new, "b" already processed, "c" new.
+        let new = [true, false, true];
+        let processed: Vec<bool> = (0..5).map(|i| m.processes(i, &new)).collect();
+        assert_eq!(processed, [true, true, false, false, false]);
+    }
+
+    #[test]
+    fn sorting_is_by_bytes() {
+        let m = markers(&["b", "B", "a", "ä", "A"]);
+        assert_eq!(m.message_ids, ["A", "B", "a", "b", "ä"]);
+    }
+
+    #[test]
+    fn an_invalid_key_names_its_message() {
+        let messages = ["m1", "m2", "", "m4", ""];
+        let rejected = batch_keys(&messages, encode_key).unwrap_err();
+        assert_eq!(
+            rejected,
+            InvalidBatchKey {
+                index: 2,
+                reason: InvalidKey::Empty
+            }
+        );
+        let error = diesel::result::Error::from(rejected.clone());
+        assert_eq!(InvalidBatchKey::find(&error), Some(&rejected));
+        assert!(
+            error.to_string().starts_with("message 2 of the batch: "),
+            "{error}"
+        );
+    }
+}

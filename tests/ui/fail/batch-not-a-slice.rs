@@ -1,0 +1,13 @@
+use diesel_async::AsyncPgConnection;
+
+struct Msg {
+    id: u64,
+}
+
+#[diesel_inbox::idempotent(consumer = "c", batch = msg, key = |msg| msg.id)]
+async fn handle(conn: &mut AsyncPgConnection, msg: &Msg) -> Result<(), diesel::result::Error> {
+    let _ = (conn, msg);
+    Ok(())
+}
+
+fn main() {}
