@@ -1,6 +1,7 @@
 //! The crediting workload: the `#[idempotent]` handler, the naive one it replaces, and
 //! what a consumer reports about each delivery.
 
+use std::fmt;
 use std::time::Duration;
 
 use diesel::dsl::{exists, insert_into, select};
@@ -8,13 +9,18 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use diesel_inbox::{Disposition, Outcome, idempotent};
+use diesel_inbox::{Claim, DatabaseErrorSource, Disposition, Outcome, idempotent};
 
-use crate::{BoxError, Handler};
+use crate::downstream::Client;
+use crate::{BoxError, ConsumeArgs, Handler};
 
 /// Stands in for the work between reading and writing (a lookup, a computation): what
 /// keeps the naive handler's check-then-act window open, and what a kill lands in.
 const HANDLER_WORK: Duration = Duration::from_millis(2);
+
+/// The claim-mode handler's lease: short, so that a claim left by a killed consumer is
+/// taken over within the run, and long beside its body (one loopback call).
+pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(2);
 
 diesel::table! {
     accounts (id) {
@@ -73,6 +79,24 @@ async fn credit(conn: &mut AsyncPgConnection, key: &str, msg: Credit) -> QueryRe
     Ok(())
 }
 
+/// The credit as an external call: the body runs under a claim, outside any
+/// transaction, and hands the downstream service the claim's idempotency key, which is
+/// the same on every attempt.
+#[idempotent(consumer = "chaos-credit-claim", key = key, claim, lease = CLAIM_LEASE)]
+async fn credit_downstream(
+    conn: &mut AsyncPgConnection,
+    downstream: &Client,
+    key: &str,
+    msg: Credit,
+) -> Result<(), BoxError> {
+    let claim = Claim::current();
+    tokio::time::sleep(HANDLER_WORK).await;
+    downstream
+        .credit(&claim.idempotency_key().to_string(), key, msg)
+        .await?;
+    Ok(())
+}
+
 async fn naive_credit(
     conn: &mut AsyncPgConnection,
     key: &str,
@@ -101,19 +125,32 @@ async fn naive_credit(
     .await
 }
 
-pub(crate) type PgPool = Pool<AsyncPgConnection>;
+/// What a consumer's handlers share: the run's database and the downstream service.
+pub(crate) struct Context {
+    pool: Pool<AsyncPgConnection>,
+    downstream: Client,
+    handler: Handler,
+}
 
-pub(crate) fn pool(schema_url: &str, size: u16) -> Result<PgPool, BoxError> {
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(schema_url);
-    Ok(Pool::builder(manager).max_size(size.into()).build()?)
+impl Context {
+    pub(crate) fn new(args: &ConsumeArgs) -> Result<Self, BoxError> {
+        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(&args.schema_url);
+        let pool = Pool::builder(manager)
+            .max_size(args.concurrency.into())
+            .build()?;
+        Ok(Self {
+            pool,
+            downstream: Client::new(&args.downstream_url),
+            handler: args.handler,
+        })
+    }
 }
 
 /// Runs `handler` on one delivery and says what to tell the broker, with the label
 /// the consumer reports. A delivery with no key or an unreadable payload is
 /// dead-lettered and never processed.
 pub(crate) async fn handle(
-    pool: &PgPool,
-    handler: Handler,
+    context: &Context,
     key: Result<String, String>,
     payload: &[u8],
 ) -> (Disposition, &'static str) {
@@ -125,23 +162,37 @@ pub(crate) async fn handle(
         let reason = "not a credit message".to_owned();
         return (Disposition::DeadLetter { reason }, "dead-lettered");
     };
-    let mut conn = match pool.get().await {
+    let mut conn = match context.pool.get().await {
         Ok(conn) => conn,
         Err(_) => return (Disposition::Retry { after: None }, "retried"),
     };
-    let result = match handler {
-        Handler::Inbox => credit(&mut conn, &key, msg).await,
-        Handler::Naive => naive_credit(&mut conn, &key, msg).await,
-    };
-    let label = match &result {
+    match context.handler {
+        Handler::Inbox => settle(&credit(&mut conn, &key, msg).await),
+        Handler::Naive => settle(&naive_credit(&mut conn, &key, msg).await),
+        Handler::Claim => {
+            settle(&credit_downstream(&mut conn, &context.downstream, &key, msg).await)
+        }
+    }
+}
+
+/// What to tell the broker about a handler's result, and the label to report.
+fn settle<E>(result: &Result<Outcome<()>, E>) -> (Disposition, &'static str)
+where
+    E: DatabaseErrorSource + fmt::Display,
+{
+    let label = match result {
         Ok(Outcome::Processed(())) => "processed",
         Ok(Outcome::Duplicate) => "duplicate",
-        Ok(Outcome::InProgress { .. }) => "in_progress",
+        Ok(Outcome::InProgress { .. }) => "in-progress",
         Err(_) => "failed",
     };
-    let disposition = Disposition::of(&result);
+    let disposition = Disposition::of(result);
     let label = match disposition {
         Disposition::Ack => label,
+        // Held by a live claim elsewhere: retried once its lease has run out.
+        Disposition::Retry { .. } if matches!(result, Ok(Outcome::InProgress { .. })) => {
+            "in-progress"
+        }
         Disposition::Retry { .. } => "retried",
         Disposition::DeadLetter { .. } => "dead-lettered",
     };

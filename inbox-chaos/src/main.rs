@@ -7,10 +7,17 @@
 //! cargo run --release -p inbox-chaos -- --broker rabbitmq
 //! cargo run --release -p inbox-chaos -- --broker nats
 //! cargo run --release -p inbox-chaos -- --broker rabbitmq --naive   # must report double-applied messages
+//! cargo run --release -p inbox-chaos -- --broker nats --handler claim
 //! ```
+//!
+//! `--handler claim` runs a claim-mode handler whose body calls an HTTP service in the
+//! run's own process, which deduplicates by idempotency key and counts calls and
+//! effects: the run verifies one effect per message and reports the calls the
+//! deduplication absorbed.
 //!
 //! The same binary is the consumer (`inbox-chaos consume …`, started by the run).
 
+mod downstream;
 mod handlers;
 mod nats;
 mod rabbitmq;
@@ -51,8 +58,9 @@ enum Handler {
     Inbox,
     /// "Have I seen this message?", then the credit: what the inbox replaces.
     Naive,
-    // Claim mode gets its run here once it exists: a body that calls a local HTTP
-    // service deduplicating by the idempotency key, verified as one effect per key.
+    /// `#[idempotent(…, claim)]`: the credit is a call to an HTTP service that
+    /// deduplicates by the claim's idempotency key.
+    Claim,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -93,8 +101,10 @@ struct RunArgs {
     /// Mean time between two kills, in milliseconds (each one 0.5 to 1.5 times it).
     #[arg(long, default_value_t = 1000)]
     kill_every_ms: u64,
-    /// Run the naive check-then-insert handler instead of `#[idempotent]`.
-    #[arg(long)]
+    #[arg(long, value_enum, default_value = "inbox")]
+    handler: Handler,
+    /// Run the naive check-then-insert handler: `--handler naive`.
+    #[arg(long, conflicts_with = "handler")]
     naive: bool,
     /// Give up (and fail) after this many seconds.
     #[arg(long, default_value_t = 600)]
@@ -117,6 +127,9 @@ struct ConsumeArgs {
     /// The run's schema.
     #[arg(long)]
     schema_url: String,
+    /// The run's downstream HTTP service, which the claim handler calls.
+    #[arg(long)]
+    downstream_url: String,
     #[command(flatten)]
     endpoints: Endpoints,
 }
@@ -126,7 +139,7 @@ impl RunArgs {
         if self.naive {
             Handler::Naive
         } else {
-            Handler::Inbox
+            self.handler
         }
     }
 

@@ -131,7 +131,7 @@ impl Topology {
 
 /// One consumer process: pulls until SIGTERM, then lets its handlers finish.
 pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
-    let pool = handlers::pool(&args.schema_url, args.concurrency)?;
+    let context = handlers::Context::new(&args)?;
     let client = async_nats::connect(&args.endpoints.nats_url).await?;
     let consumer: PullConsumer = jetstream::new(client.clone())
         .get_stream(&args.name)
@@ -148,7 +148,7 @@ pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
     messages
         .take_until(async move { terminate.recv().await })
         .try_for_each_concurrent(usize::from(args.concurrency), |message| {
-            let (pool, settlement) = (&pool, &settlement);
+            let (context, settlement) = (&context, &settlement);
             async move {
                 let key = message_key(&message)
                     .map_err(|missing| missing.to_string())
@@ -157,8 +157,7 @@ pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
                     .info()
                     .map(|info| info.delivered > 1)
                     .unwrap_or(false);
-                let (disposition, label) =
-                    handlers::handle(pool, args.handler, key, &message.payload).await;
+                let (disposition, label) = handlers::handle(context, key, &message.payload).await;
                 let label = match settlement.settle(&message, &disposition).await {
                     Ok(_) => label,
                     Err(_) => "unsettled",

@@ -106,7 +106,7 @@ impl Topology {
 
 /// One consumer process: consumes until SIGTERM, then lets its handlers finish.
 pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
-    let pool = handlers::pool(&args.schema_url, args.concurrency)?;
+    let context = handlers::Context::new(&args)?;
     let (connection, channel) = connect(&args.endpoints.amqp_url).await?;
     channel
         .basic_qos(args.concurrency, BasicQosOptions::default())
@@ -124,13 +124,12 @@ pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
     deliveries
         .take_until(async move { terminate.recv().await })
         .try_for_each_concurrent(usize::from(args.concurrency), |delivery| {
-            let (pool, channel, queues) = (&pool, &channel, &queues);
+            let (context, channel, queues) = (&context, &channel, &queues);
             async move {
                 let key = message_key(&delivery)
                     .map(str::to_owned)
                     .map_err(|missing| missing.to_string());
-                let (disposition, label) =
-                    handlers::handle(pool, args.handler, key, &delivery.data).await;
+                let (disposition, label) = handlers::handle(context, key, &delivery.data).await;
                 let label = match queues.settle(channel, &delivery, &disposition).await {
                     Ok(_) => label,
                     Err(_) => "unsettled",

@@ -1,6 +1,6 @@
 //! The run: plan -> publish -> consume under kills -> drain -> verify -> report.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +12,7 @@ use diesel_inbox::testing::{TestDatabase, select_i64};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::downstream::{Downstream, Tally};
 use crate::handlers::{Credit, Message, SCHEMA};
 use crate::{BoxError, Broker, Handler, RunArgs, nats, rabbitmq};
 
@@ -70,6 +71,7 @@ struct Counters {
     processed: AtomicU64,
     duplicates: AtomicU64,
     retried: AtomicU64,
+    in_progress: AtomicU64,
     dead_lettered: AtomicU64,
     unsettled: AtomicU64,
     redelivered: AtomicU64,
@@ -82,6 +84,7 @@ impl Counters {
             "processed" => &self.processed,
             "duplicate" => &self.duplicates,
             "retried" => &self.retried,
+            "in-progress" => &self.in_progress,
             "dead-lettered" => &self.dead_lettered,
             _ => &self.unsettled,
         };
@@ -100,6 +103,7 @@ struct Consumers<'a> {
     args: &'a RunArgs,
     name: &'a str,
     schema_url: &'a str,
+    downstream_url: &'a str,
     counters: Arc<Counters>,
     running: Vec<Child>,
     started: u64,
@@ -114,6 +118,7 @@ impl Consumers<'_> {
             .args(["--name", self.name])
             .args(["--concurrency", &self.args.concurrency.to_string()])
             .args(["--schema-url", self.schema_url])
+            .args(["--downstream-url", self.downstream_url])
             .args(["--database-url", &self.args.endpoints.database_url])
             .args(["--amqp-url", &self.args.endpoints.amqp_url])
             .args(["--nats-url", &self.args.endpoints.nats_url])
@@ -242,6 +247,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             return Err(error);
         }
     };
+    let downstream = Downstream::start().await?;
     let (unique, published) = plan(&args, &run_id);
     println!(
         "{broker}, {handler} handler: {} messages, {} of them published twice ({} publishes), \
@@ -263,6 +269,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             args: &args,
             name: &name,
             schema_url: db.url(),
+            downstream_url: downstream.url(),
             counters: Arc::default(),
             running: Vec::new(),
             started: 0,
@@ -277,17 +284,20 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
         )
         .await?;
         let elapsed = started.elapsed();
-        let verdict = verify(&args, &topology, &mut conn, &unique).await?;
+        let tally = downstream.tally();
+        let verdict = verify(&args, &topology, &mut conn, &unique, &tally).await?;
         let counters = &consumers.counters;
         println!(
             "kills survived: {kills} (consumer processes started: {})\n\
              deliveries settled: {} processed, {} duplicates acked, {} retried, \
-             {} dead-lettered, {} unsettled; redeliveries seen: {}\n\
+             {} retried as in progress, {} dead-lettered, {} unsettled; \
+             redeliveries seen: {}\n\
              elapsed: {:.1} s (publishing {:.1} s, consuming under kills until drained {:.1} s)",
             consumers.started,
             Counters::get(&counters.processed),
             Counters::get(&counters.duplicates),
             Counters::get(&counters.retried),
+            Counters::get(&counters.in_progress),
             Counters::get(&counters.dead_lettered),
             Counters::get(&counters.unsettled),
             Counters::get(&counters.redelivered),
@@ -295,6 +305,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             published_in.as_secs_f64(),
             (elapsed - published_in).as_secs_f64(),
         );
+        if args.handler() == Handler::Claim {
+            println!(
+                "downstream: {} calls, {} effects, {} calls absorbed by the idempotency-key \
+                 deduplication",
+                tally.calls,
+                tally.effects,
+                tally.calls - tally.effects,
+            );
+        }
         Ok::<_, BoxError>(verdict)
     }
     .await;
@@ -327,6 +346,9 @@ async fn consume_under_kills(
     let applied_sql = match args.handler() {
         Handler::Inbox => "SELECT COUNT(DISTINCT message_id) FROM inbox",
         Handler::Naive => "SELECT COUNT(DISTINCT message_id) FROM naive_applied",
+        Handler::Claim => {
+            "SELECT COUNT(DISTINCT message_id) FROM inbox WHERE lease_ends_at IS NULL"
+        }
     };
     for _ in 0..args.consumers {
         consumers.start()?;
@@ -369,26 +391,36 @@ async fn consume_under_kills(
 }
 
 /// Every balance equals the sum of its unique messages, one marker per message, the
-/// queue is empty and nothing was dead-lettered. Returns what failed.
+/// queue is empty and nothing was dead-lettered; for the claim handler, the balances
+/// are the downstream service's, each message took effect under one key only, and no
+/// claim is left open. Returns what failed.
 async fn verify(
     args: &RunArgs,
     topology: &Topology,
     conn: &mut AsyncPgConnection,
     unique: &[Message],
+    downstream: &Tally,
 ) -> Result<Vec<String>, BoxError> {
     let mut failures = Vec::new();
     let mut expected: HashMap<i64, i64> = HashMap::new();
     for (_, credit) in unique {
         *expected.entry(credit.account).or_default() += credit.amount;
     }
+    let mut balances: HashMap<i64, i64> = HashMap::new();
+    if args.handler() == Handler::Claim {
+        for (_, credit) in &downstream.credits {
+            *balances.entry(credit.account).or_default() += credit.amount;
+        }
+    } else {
+        for account in 1..=ACCOUNTS {
+            let sql = format!("SELECT balance FROM accounts WHERE id = {account}");
+            balances.insert(account, select_i64(conn, &sql).await?);
+        }
+    }
     let mut wrong_accounts = 0;
     let mut excess = 0;
     for account in 1..=ACCOUNTS {
-        let balance = select_i64(
-            conn,
-            &format!("SELECT balance FROM accounts WHERE id = {account}"),
-        )
-        .await?;
+        let balance = balances.get(&account).copied().unwrap_or(0);
         let want = expected.get(&account).copied().unwrap_or(0);
         if balance != want {
             wrong_accounts += 1;
@@ -403,14 +435,10 @@ async fn verify(
     }
     let unique_count = unique.len() as i64;
     match args.handler() {
-        Handler::Inbox => {
-            let markers = select_i64(conn, "SELECT COUNT(*) FROM inbox").await?;
-            let keys = select_i64(conn, "SELECT COUNT(DISTINCT message_id) FROM inbox").await?;
-            if markers != unique_count || keys != unique_count {
-                failures.push(format!(
-                    "{markers} markers for {keys} keys, expected one for each of {unique_count} messages"
-                ));
-            }
+        Handler::Inbox => check_markers(conn, unique_count, &mut failures).await?,
+        Handler::Claim => {
+            check_markers(conn, unique_count, &mut failures).await?;
+            check_effects(conn, unique, downstream, &mut failures).await?;
         }
         Handler::Naive => {
             let doubled = select_i64(
@@ -437,4 +465,62 @@ async fn verify(
         failures.push(format!("{dead} messages dead-lettered"));
     }
     Ok(failures)
+}
+
+async fn check_markers(
+    conn: &mut AsyncPgConnection,
+    unique_count: i64,
+    failures: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    let markers = select_i64(conn, "SELECT COUNT(*) FROM inbox").await?;
+    let keys = select_i64(conn, "SELECT COUNT(DISTINCT message_id) FROM inbox").await?;
+    if markers != unique_count || keys != unique_count {
+        failures.push(format!(
+            "{markers} markers for {keys} keys, expected one for each of {unique_count} messages"
+        ));
+    }
+    Ok(())
+}
+
+/// One downstream effect per message, under one key, and every claim completed.
+async fn check_effects(
+    conn: &mut AsyncPgConnection,
+    unique: &[Message],
+    downstream: &Tally,
+    failures: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    let published: HashSet<&str> = unique.iter().map(|(id, _)| id.as_str()).collect();
+    let effected: HashSet<&str> = downstream
+        .credits
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let missing = published.difference(&effected).count();
+    let unknown = effected.difference(&published).count();
+    if downstream.effects != unique.len() as u64 || missing > 0 || unknown > 0 {
+        failures.push(format!(
+            "{} downstream effects for {} messages ({missing} messages without one, \
+             {unknown} effects for no published message)",
+            downstream.effects,
+            unique.len(),
+        ));
+    }
+    if downstream.messages_with_several_effects > 0 {
+        failures.push(format!(
+            "{} messages took effect downstream under more than one idempotency key",
+            downstream.messages_with_several_effects
+        ));
+    }
+    let open = select_i64(
+        conn,
+        "SELECT COUNT(*) FROM inbox WHERE lease_ends_at IS NOT NULL",
+    )
+    .await?;
+    let stale = diesel_inbox::claims::list_stale(conn).await?.len();
+    if open > 0 || stale > 0 {
+        failures.push(format!(
+            "claims left open: {open} markers not completed, {stale} stale claims listed"
+        ));
+    }
+    Ok(())
 }

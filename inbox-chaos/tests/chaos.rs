@@ -1,6 +1,6 @@
 //! The crash test's short configuration, as CI runs it: 300 messages, a consumer killed
-//! with SIGKILL every ~400 ms, on each broker; and the naive handler, which it must
-//! catch double-applying messages.
+//! with SIGKILL every ~400 ms, on each broker, with the `#[idempotent]` handler and the
+//! claim-mode one; and the naive handler, which it must catch double-applying messages.
 
 use std::process::Command;
 
@@ -38,8 +38,8 @@ fn kills(report: &str) -> u64 {
         .expect("the report counts kills")
 }
 
-fn passes_under_kills(broker: &str) {
-    let Some((passed, report)) = chaos(&["--broker", broker]) else {
+fn passes_under_kills(broker: &str, handler: &str) {
+    let Some((passed, report)) = chaos(&["--broker", broker, "--handler", handler]) else {
         return;
     };
     assert!(passed, "the crash test failed on {broker}:\n{report}");
@@ -49,12 +49,22 @@ fn passes_under_kills(broker: &str) {
 
 #[test]
 fn rabbitmq_applies_each_credit_once_while_consumers_are_killed() {
-    passes_under_kills("rabbitmq");
+    passes_under_kills("rabbitmq", "inbox");
 }
 
 #[test]
 fn nats_applies_each_credit_once_while_consumers_are_killed() {
-    passes_under_kills("nats");
+    passes_under_kills("nats", "inbox");
+}
+
+#[test]
+fn rabbitmq_claims_call_downstream_once_per_message_while_consumers_are_killed() {
+    passes_under_kills("rabbitmq", "claim");
+}
+
+#[test]
+fn nats_claims_call_downstream_once_per_message_while_consumers_are_killed() {
+    passes_under_kills("nats", "claim");
 }
 
 #[test]
