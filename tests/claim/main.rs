@@ -1019,3 +1019,65 @@ on_every_backend!(
     fingerprints_in_transactional_mode,
     upgrade_in_place_while_handlers_run,
 );
+
+/// A MySQL session with autocommit off, as a server's `autocommit = 0` or an
+/// `init_connect` leaves every session: the claim and its completion still commit on
+/// their own, and the session gets its setting back.
+async fn a_session_without_autocommit(db: TestDatabase<diesel_async::AsyncMysqlConnection>) {
+    let downstream = Downstream::start().await;
+    let order = Order::new("without-autocommit");
+    let mut holder = db.connect().await.expect("connect");
+    holder
+        .batch_execute("SET autocommit = 0")
+        .await
+        .expect("autocommit off");
+    let script = Script::hold_before_call();
+    let (called, held_order, held) = (downstream.clone(), order.clone(), Arc::clone(&script));
+    let delivery = tokio::spawn(async move {
+        let outcome = deliver(&mut holder, &called, &held_order, LONG_LEASE, &held).await;
+        (outcome, holder)
+    });
+    script.claimed.notified().await;
+
+    // Another consumer sees the claim at once, instead of waiting on the lock of an
+    // insert that nobody commits.
+    let mut other = db.connect().await.expect("connect");
+    other
+        .batch_execute("SET innodb_lock_wait_timeout = 1")
+        .await
+        .expect("short lock waits");
+    let meanwhile = deliver(&mut other, &downstream, &order, LONG_LEASE, &Script::run()).await;
+    assert!(
+        matches!(meanwhile, Ok(Outcome::InProgress { .. })),
+        "the claim is not visible to other sessions: {meanwhile:?}"
+    );
+    script.proceed.notify_one();
+    let (outcome, mut holder) = delivery.await.expect("holder");
+    assert!(matches!(outcome, Ok(Outcome::Processed(1))), "{outcome:?}");
+
+    // Completed for every session, not in a transaction the holder left open.
+    let after = deliver(&mut other, &downstream, &order, LONG_LEASE, &Script::run()).await;
+    assert!(matches!(after, Ok(Outcome::Duplicate)), "{after:?}");
+    assert_eq!(downstream.calls(), 1);
+    let autocommit = select_i64(&mut holder, "SELECT @@autocommit").await;
+    assert_eq!(
+        autocommit.expect("read autocommit"),
+        0,
+        "the session's setting is back"
+    );
+}
+
+mod mysql_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_session_without_autocommit() {
+        let Some(url) = super::server_url("MYSQL_URL") else {
+            return;
+        };
+        let name = "claim_a_session_without_autocommit";
+        let db = super::TestDatabase::mysql(&url, name)
+            .await
+            .expect("database");
+        super::bounded(super::a_session_without_autocommit(db.clone())).await;
+        db.cleanup().await.expect("cleanup");
+    }
+}

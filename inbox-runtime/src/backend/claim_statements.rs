@@ -122,6 +122,16 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 
+    /// Puts the session back as [`insert_claim`](Self::insert_claim) found it, once the
+    /// delivery is settled.
+    fn end_claim_session<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let _nothing_changed = conn;
+        std::future::ready(Ok(()))
+    }
+
     /// Every claim nobody holds, oldest first.
     fn list_stale<C>(conn: &mut C) -> impl Future<Output = QueryResult<Vec<StaleRow>>> + Send
     where
@@ -144,3 +154,19 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 }
+
+/// Runs `$sql`, a conditional `UPDATE` of one claim whose placeholders are the message
+/// id, the consumer and, where given, the holder's token, in that order: `Ok(true)` when
+/// it matched the row. A macro rather than a generic function: diesel names neither the
+/// bound query's type nor the backend trait that such a function's bounds would need.
+macro_rules! update_claim {
+    ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
+        let query = ::diesel::sql_query($sql)
+            .bind::<::diesel::sql_types::Text, _>($key.message_id)
+            .bind::<::diesel::sql_types::Text, _>($key.consumer)
+            $(.bind::<::diesel::sql_types::Text, _>($token))?;
+        let updated = ::diesel_async::RunQueryDsl::execute(query, $conn).await?;
+        Ok(updated == 1)
+    }};
+}
+pub(crate) use update_claim;

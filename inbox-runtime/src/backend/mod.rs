@@ -58,7 +58,7 @@ pub(crate) mod pg;
 pub(crate) mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod queries;
+pub(crate) mod queries;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod savepoint;
 

@@ -56,7 +56,7 @@ pub(super) fn fingerprinted_insert(
 /// `text`'s bytes as hex digits, for a literal `X'…'` in a text batch: no byte of the
 /// caller's key can end the literal or change what the statement does.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(super) fn hex_digits(text: &str) -> String {
+pub(crate) fn hex_digits(text: &str) -> String {
     use std::fmt::Write as _;
 
     text.bytes()

@@ -3,42 +3,80 @@
 
 #![cfg(feature = "mysql")]
 
+use std::future::Future;
+
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+use crate::backend::claim_statements::{
+    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
+};
+use crate::backend::queries::hex_digits;
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str =
     "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= NOW(6))";
 
+/// The claim a conditional update is about, by the placeholders after its `SET`.
+const BY_KEY: &str = "WHERE message_id = ? AND consumer = ?";
+
+/// Still held by the token in the next placeholder, even past its lease.
+const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
+
+/// A completed claim: a marker like a transactional handler's.
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
+
+/// A released claim: nobody holds it, and it may be taken over at once.
+const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
+
 impl ClaimStatements for Mysql {
+    /// Turns autocommit on for the delivery, in the insert's round trip: a session
+    /// with autocommit off (a server's `autocommit = 0`, an `init_connect`) would hold
+    /// the claim, and later its completion, in a transaction that nobody commits.
+    /// [`end_claim_session`](ClaimStatements::end_claim_session) puts it back.
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
+        // The values go in as literals, so that one text batch carries both statements:
+        // the key as hex, as the transactional marker insert sends it; the token is a
+        // UUID and the fingerprint hex digits, but go in as hex all the same.
+        let fingerprint = match claim.fingerprint {
+            Some(fingerprint) => format!("X'{}'", hex_digits(&fingerprint)),
+            None => "NULL".to_owned(),
+        };
+        let batch = format!(
+            "SET @diesel_inbox_autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+             autocommit = 1; \
+             INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+             fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
+             {fingerprint})",
+            hex_digits(&claim.key.message_id),
+            hex_digits(&claim.key.consumer),
+            claim.lease_micros,
+            hex_digits(&claim.token),
+        );
         // A plain INSERT, as for the transactional marker: a duplicate waits for a
         // concurrent insert of the key, then fails with 1062 on our own table, whose
         // only other unique key is the auto-increment id.
-        let insert = diesel::sql_query(
-            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
-             fingerprint) VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, ?, 1, ?)",
-        )
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<BigInt, _>(claim.lease_micros)
-        .bind::<Text, _>(claim.token)
-        .bind::<Nullable<Text>, _>(claim.fingerprint)
-        .execute(conn)
-        .await;
-        match insert {
-            Ok(_) => Ok(true),
+        match conn.batch_execute(&batch).await {
+            Ok(()) => Ok(true),
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
             Err(other) => Err(other),
         }
+    }
+
+    fn end_claim_session<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        conn.batch_execute(
+            "SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+             @diesel_inbox_autocommit = NULL",
+        )
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
@@ -69,7 +107,7 @@ impl ClaimStatements for Mysql {
         let taken = diesel::sql_query(format!(
             "UPDATE inbox SET claim_token = ?, \
              lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
-             WHERE message_id = ? AND consumer = ? AND attempts = ? AND {STALE}"
+             {BY_KEY} AND attempts = ? AND {STALE}"
         ))
         .bind::<Text, _>(claim.token)
         .bind::<BigInt, _>(claim.lease_micros)
@@ -85,28 +123,17 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let completed = diesel::sql_query(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = NOW(6) \
-             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(
-            "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND \
-             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL",
-        )
+        let renewed = diesel::sql_query(format!(
+            "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND {BY_KEY} AND {HELD}"
+        ))
         .bind::<BigInt, _>(claim.lease_micros)
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
@@ -120,17 +147,8 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = NOW(6) \
-             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -151,29 +169,15 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let completed = diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = NOW(6) \
-             WHERE message_id = ? AND consumer = ? AND {STALE}"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = NOW(6), attempts = 0 \
-             WHERE message_id = ? AND consumer = ? AND {STALE}"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 }

@@ -8,10 +8,24 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+use crate::backend::claim_statements::{
+    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
+};
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= now())";
+
+/// The claim a conditional update is about, by its placeholders `$1` and `$2`.
+const BY_KEY: &str = "WHERE message_id = $1 AND consumer = $2";
+
+/// Still held by the token `$3`, even past its lease.
+const HELD: &str = "claim_token = $3 AND lease_ends_at IS NOT NULL";
+
+/// A completed claim: a marker like a transactional handler's.
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = now()";
+
+/// A released claim: nobody holds it, and it may be taken over at once.
+const RELEASED: &str = "claim_token = NULL, lease_ends_at = now()";
 
 impl ClaimStatements for Pg {
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
@@ -63,7 +77,7 @@ impl ClaimStatements for Pg {
         let taken = diesel::sql_query(format!(
             "UPDATE inbox SET claim_token = $3, \
              lease_ends_at = now() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
-             WHERE message_id = $1 AND consumer = $2 AND attempts = $5 AND {STALE}"
+             {BY_KEY} AND attempts = $5 AND {STALE}"
         ))
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
@@ -79,28 +93,18 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let completed = diesel::sql_query(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = now() \
-             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
-             AND lease_ends_at IS NOT NULL",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(
+        let renewed = diesel::sql_query(format!(
             "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
-             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
-             AND lease_ends_at IS NOT NULL",
-        )
+             {BY_KEY} AND {HELD}"
+        ))
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
         .bind::<Text, _>(claim.token)
@@ -114,17 +118,8 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = now() \
-             WHERE message_id = $1 AND consumer = $2 AND claim_token = $3 \
-             AND lease_ends_at IS NOT NULL",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -145,29 +140,15 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let completed = diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = now() \
-             WHERE message_id = $1 AND consumer = $2 AND {STALE}"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = now(), attempts = 0 \
-             WHERE message_id = $1 AND consumer = $2 AND {STALE}"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 }

@@ -161,6 +161,30 @@ where
     if let Err(error) = enclosing_transaction(conn) {
         return Settled::Database(error);
     }
+    let settled = acquire_and_run(conn, consumer, key, policy, fingerprint, body).await;
+    if let Err(error) = C::Backend::end_claim_session(conn).await {
+        // The delivery is settled in the database; the connection's next use will fail
+        // the same way.
+        tracing::warn!(error = %error, "could not restore the session after the claim");
+    }
+    settled
+}
+
+/// Claims the key, runs the body if this delivery holds the claim, and completes or
+/// releases it.
+async fn acquire_and_run<C, T, E, F>(
+    conn: &mut C,
+    consumer: &'static str,
+    key: ClaimKey,
+    policy: ClaimPolicy,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Settled<T, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
+{
     let claim = match acquire(conn, consumer, &key, policy, fingerprint).await {
         Ok(Acquired::Held(claim)) => claim,
         Ok(Acquired::Settled(settled)) => return settled,

@@ -9,7 +9,9 @@ use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+use crate::backend::claim_statements::{
+    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
+};
 
 /// Now, in the format leases are stored in.
 macro_rules! now {
@@ -37,6 +39,19 @@ const STALE: &str = concat!(
     now!(),
     ")"
 );
+
+/// The claim a conditional update is about, by the placeholders after its `SET`.
+const BY_KEY: &str = "WHERE message_id = ? AND consumer = ?";
+
+/// Still held by the token in the next placeholder, even past its lease.
+const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
+
+/// A completed claim: a marker like a transactional handler's, its `processed_at` in
+/// the format of the column's default, which `prune` compares against.
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = datetime('now')";
+
+/// A released claim: nobody holds it, and it may be taken over at once.
+const RELEASED: &str = concat!("claim_token = NULL, lease_ends_at = ", now!());
 
 /// The `strftime` modifier that moves a time `micros` ahead.
 fn ahead(micros: i64) -> String {
@@ -91,7 +106,7 @@ impl ClaimStatements for Sqlite {
         let taken = diesel::sql_query(format!(
             "UPDATE inbox SET claim_token = ?, \
              lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), attempts = attempts + 1 \
-             WHERE message_id = ? AND consumer = ? AND attempts = ? AND {STALE}"
+             {BY_KEY} AND attempts = ? AND {STALE}"
         ))
         .bind::<Text, _>(claim.token)
         .bind::<Text, _>(ahead(claim.lease_micros))
@@ -107,29 +122,18 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // `processed_at` in the format of its default, which `prune` compares against.
-        let completed = diesel::sql_query(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = datetime('now') \
-             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(
+        let renewed = diesel::sql_query(format!(
             "UPDATE inbox SET lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL",
-        )
+             {BY_KEY} AND {HELD}"
+        ))
         .bind::<Text, _>(ahead(claim.lease_micros))
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
@@ -143,18 +147,8 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(concat!(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = ",
-            now!(),
-            " WHERE message_id = ? AND consumer = ? AND claim_token = ? \
-             AND lease_ends_at IS NOT NULL"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .bind::<Text, _>(token)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        update_claim!(conn, &sql, key, token)
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -175,30 +169,15 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let completed = diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = NULL, processed_at = datetime('now') \
-             WHERE message_id = ? AND consumer = ? AND {STALE}"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(completed == 1)
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let released = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = NULL, lease_ends_at = {now}, attempts = 0 \
-             WHERE message_id = ? AND consumer = ? AND {STALE}",
-            now = now!(),
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .execute(conn)
-        .await?;
-        Ok(released == 1)
+        let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
+        update_claim!(conn, &sql, key)
     }
 }
