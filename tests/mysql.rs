@@ -33,13 +33,14 @@ impl TestDb for MysqlDb {
     }
 
     async fn lock_waiters(&self) -> Option<i64> {
-        // Statements of this test that have been running for over 50 ms: everything else
-        // here takes about a millisecond, so those are waiting. InnoDB's own lock-wait
-        // views miss some waiters: a second prepared INSERT queued behind the first
-        // waiter for the same key shows in no INNODB_TRX or INNODB_LOCK_WAITS row.
-        let query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                     WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
-                     AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 50";
+        // This test's transactions that InnoDB has queued behind another's lock. InnoDB
+        // refreshes its information_schema views only once nobody has read them for
+        // 100 ms (trx_i_s_cache), so polling faster would read the same stale rows.
+        tokio::time::sleep(Duration::from_millis(110)).await;
+        let query = "SELECT COUNT(*) FROM information_schema.INNODB_TRX AS trx \
+                     JOIN information_schema.PROCESSLIST AS session \
+                     ON session.ID = trx.trx_mysql_thread_id \
+                     WHERE trx.trx_state = 'LOCK WAIT' AND session.DB = DATABASE()";
         let mut conn = self.connect().await;
         Some(select_i64(&mut conn, query).await.expect("lock waits"))
     }
