@@ -233,6 +233,64 @@ async fn claim_mode_spans_carry_the_mode_the_attempt_and_in_progress() {
     );
 }
 
+#[idempotent(consumer = "traced-batch", batch = credits, key = |credit| credit.id.as_str())]
+async fn traced_batch(conn: &mut Conn, credits: &[Credit]) -> Result<usize, Error> {
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1")
+        .await?;
+    Ok(credits.len())
+}
+
+fn credits(ids: &[&str]) -> Vec<Credit> {
+    ids.iter().map(|id| Credit { id: (*id).into() }).collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_one_span_with_its_size_and_counts() {
+    let (db, mut conn) = database("tracing_batch").await;
+
+    let recorded = Recorded::default();
+    let subscriber = tracing_subscriber::registry().with(recorded.clone());
+    let guard = tracing::subscriber::set_default(subscriber);
+    for ids in [&["b-1", "b-2"][..], &["b-2", "b-3", "b-3"], &["b-1"]] {
+        let _settled = traced_batch(&mut conn, &credits(ids)).await.unwrap();
+    }
+    drop(guard);
+    db.cleanup().await.unwrap();
+
+    let spans = recorded.0.lock().unwrap();
+    let batches: Vec<&Fields> = spans
+        .iter()
+        .filter(|(name, _)| name == "inbox.process_batch")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(batches.len(), 3, "one span per batch: {spans:?}");
+    for fields in &batches {
+        assert_eq!(fields["messaging.consumer.group.name"], "traced-batch");
+        assert_eq!(fields["code.function.name"], "observability::traced_batch");
+        let duration: f64 = fields["inbox.duration_ms"].parse().unwrap();
+        assert!(duration >= 0.0, "{fields:?}");
+    }
+    let counts: Vec<(&str, &str, &str, &str)> = batches
+        .iter()
+        .map(|fields| {
+            (
+                fields["messaging.batch.message_count"].as_str(),
+                fields.get("inbox.processed").map_or("-", String::as_str),
+                fields.get("inbox.duplicates").map_or("-", String::as_str),
+                fields["inbox.outcome"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("2", "2", "0", "processed"),
+            ("3", "1", "2", "processed"),
+            ("1", "-", "-", "duplicate"),
+        ]
+    );
+}
+
 /// With the `metrics` feature, each delivery counts once under its consumer and outcome,
 /// and its duration is recorded; the key is never a label.
 #[cfg(feature = "metrics")]
@@ -248,6 +306,13 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
     for id in ["m-1", "m-1", "m-2", ""] {
         let _ = traced_credit(&mut conn, &Credit { id: id.into() }).await;
     }
+    // A batch counts each of its messages as a delivery.
+    let _settled = traced_batch(&mut conn, &credits(&["b-1", "b-2", "b-1"]))
+        .await
+        .unwrap();
+    traced_batch(&mut conn, &credits(&["b-2", ""]))
+        .await
+        .expect_err("an empty key");
     drop(guard);
     db.cleanup().await.unwrap();
 
@@ -259,11 +324,13 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
             .labels()
             .map(|label| (label.key(), label.value()))
             .collect();
-        assert_eq!(labels["consumer"], "traced-credit");
         assert_eq!(labels.len(), 2, "consumer and outcome only: {labels:?}");
         match (key.key().name(), value) {
             (diesel_inbox::metrics::DELIVERIES, DebugValue::Counter(count)) => {
-                counts.insert(labels["outcome"].to_owned(), count);
+                counts.insert(
+                    (labels["consumer"].to_owned(), labels["outcome"].to_owned()),
+                    count,
+                );
             }
             (diesel_inbox::metrics::DELIVERY_DURATION, DebugValue::Histogram(values)) => {
                 durations += values.len();
@@ -271,11 +338,17 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
             other => panic!("unexpected metric {other:?}"),
         }
     }
-    let expected: HashMap<String, u64> =
-        [("processed", 2), ("duplicate", 1), ("database_error", 1)]
-            .into_iter()
-            .map(|(outcome, count)| (outcome.to_owned(), count))
-            .collect();
+    let expected: HashMap<(String, String), u64> = [
+        ("traced-credit", "processed", 2),
+        ("traced-credit", "duplicate", 1),
+        ("traced-credit", "database_error", 1),
+        ("traced-batch", "processed", 2),
+        ("traced-batch", "duplicate", 1),
+        ("traced-batch", "database_error", 2),
+    ]
+    .into_iter()
+    .map(|(consumer, outcome, count)| ((consumer.to_owned(), outcome.to_owned()), count))
+    .collect();
     assert_eq!(counts, expected);
-    assert_eq!(durations, 4);
+    assert_eq!(durations, 9);
 }

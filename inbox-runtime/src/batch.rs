@@ -20,6 +20,7 @@ use crate::classify::{ErrorClass, classify};
 use crate::disposition::{DatabaseErrorSource, Disposition};
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
+use crate::report;
 use crate::test_transaction;
 use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction, roll_back};
 
@@ -234,24 +235,11 @@ where
         return Ok(BatchOutcome::all_duplicates(0));
     }
     let registration = handler.registration;
-    let span = tracing::info_span!(
-        "inbox.process_batch",
-        messaging.operation.type = "process",
-        messaging.consumer.group.name = registration.consumer,
-        messaging.batch.message_count = messages.len(),
-        code.function.name = registration.handler,
-        inbox.processed = tracing::field::Empty,
-        inbox.duplicates = tracing::field::Empty,
-        inbox.outcome = tracing::field::Empty,
-        inbox.duration_ms = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    );
+    let span = report::batch_span(registration, messages.len());
     let started = Instant::now();
     let stopped = process(conn, registration.consumer, messages, message_ids, body)
         .instrument(span.clone())
         .await;
-    let elapsed = started.elapsed();
-    span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
     let (result, outcome) = match stopped {
         Ok(batch) => {
             span.record("inbox.processed", batch.processed());
@@ -272,26 +260,14 @@ where
             (Err(into_error(error)), "database_error")
         }
     };
-    span.record("inbox.outcome", outcome);
-    #[cfg(feature = "metrics")]
-    match &result {
-        // Each message counts as a delivery of its own.
-        Ok(batch) => {
-            for message in batch.outcomes() {
-                let outcome = if message.is_processed() {
-                    "processed"
-                } else {
-                    "duplicate"
-                };
-                crate::metrics::record(registration.consumer, outcome, elapsed);
-            }
-        }
-        Err(_) => {
-            for _ in messages {
-                crate::metrics::record(registration.consumer, outcome, elapsed);
-            }
-        }
-    }
+    // Each message counts as a delivery of its own; a failed batch, all with its error.
+    let settled = result.as_ref().map_or(&[][..], BatchOutcome::outcomes);
+    let per_message = (0..messages.len()).map(|index| match settled.get(index) {
+        Some(message) if message.is_processed() => "processed",
+        Some(_) => "duplicate",
+        None => outcome,
+    });
+    report::finished_batch(&span, registration, outcome, per_message, started.elapsed());
     result
 }
 

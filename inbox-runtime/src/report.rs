@@ -30,6 +30,23 @@ pub(crate) fn delivery_span(
     )
 }
 
+/// One span per batch delivery: [`delivery_span`]'s fields, with the batch's size for
+/// the message id, and how many messages were new and how many duplicates.
+pub(crate) fn batch_span(handler: RegisteredHandler, message_count: usize) -> tracing::Span {
+    tracing::info_span!(
+        "inbox.process_batch",
+        messaging.operation.type = "process",
+        messaging.consumer.group.name = handler.consumer,
+        messaging.batch.message_count = message_count,
+        code.function.name = handler.handler,
+        inbox.processed = tracing::field::Empty,
+        inbox.duplicates = tracing::field::Empty,
+        inbox.outcome = tracing::field::Empty,
+        inbox.duration_ms = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
 /// Records how the delivery ended: `outcome` is one of `processed`, `duplicate`,
 /// `in_progress`, `handler_error` and `database_error`.
 pub(crate) fn finished(
@@ -38,10 +55,24 @@ pub(crate) fn finished(
     outcome: &'static str,
     elapsed: Duration,
 ) {
+    finished_batch(span, handler, outcome, std::iter::once(outcome), elapsed);
+}
+
+/// [`finished`] for a batch, whose metrics count each message as a delivery of its
+/// own, with the outcome in `per_message`.
+pub(crate) fn finished_batch(
+    span: &tracing::Span,
+    handler: RegisteredHandler,
+    outcome: &'static str,
+    per_message: impl Iterator<Item = &'static str>,
+    elapsed: Duration,
+) {
     span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
     span.record("inbox.outcome", outcome);
     #[cfg(feature = "metrics")]
-    crate::metrics::record(handler.consumer, outcome, elapsed);
+    for message_outcome in per_message {
+        crate::metrics::record(handler.consumer, message_outcome, elapsed);
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = handler;
+    let _ = (handler, per_message);
 }

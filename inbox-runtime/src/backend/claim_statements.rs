@@ -159,6 +159,7 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
 /// id, the consumer and, where given, the holder's token, in that order: `Ok(true)` when
 /// it matched the row. A macro rather than a generic function: diesel names neither the
 /// bound query's type nor the backend trait that such a function's bounds would need.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! update_claim {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
         let query = ::diesel::sql_query($sql)
@@ -169,4 +170,5 @@ macro_rules! update_claim {
         Ok(updated == 1)
     }};
 }
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) use update_claim;
