@@ -13,9 +13,7 @@ use diesel_inbox::{
 };
 use tokio::sync::Barrier;
 
-use super::{
-    Credit, Gate, MAX_REDELIVERIES, TestDb, apply, balances, create_tables, until_a_lock_waits,
-};
+use super::{Credit, Gate, TestDb, apply, balances, create_tables, settled, until_a_lock_waits};
 
 /// The batch handler under test: credits each new message, waiting at `gate` once all are
 /// applied, then succeeds or fails as the gate says. Returns how many it credited.
@@ -144,31 +142,20 @@ async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: 
             for round in 0..rounds {
                 barrier.wait().await;
                 for batch in compositions(worker, round, PER_ROUND) {
-                    let mut redeliveries = 0;
-                    loop {
+                    let mut retries = 0;
+                    let (processed, duplicates) = loop {
                         let result = if naive {
                             naive_batch_credit::<D>(&mut conn, &batch).await
                         } else {
                             idempotent_batch_credit(&mut conn, &batch).await
                         };
-                        match result {
-                            Ok((processed, duplicates)) => {
-                                report.processed += processed;
-                                report.duplicates += duplicates;
-                            }
-                            Err(error) if classify(&error).is_retryable() => {
-                                report.retries += 1;
-                                redeliveries += 1;
-                                assert!(
-                                    redeliveries < MAX_REDELIVERIES,
-                                    "a batch failed {redeliveries} times in a row: {error}"
-                                );
-                                continue;
-                            }
-                            Err(error) => panic!("batch of {batch:?} failed: {error}"),
+                        if let Some(counts) = settled(result, &batch, &mut retries) {
+                            break counts;
                         }
-                        break;
-                    }
+                    };
+                    report.processed += processed;
+                    report.duplicates += duplicates;
+                    report.retries += retries;
                 }
             }
             report

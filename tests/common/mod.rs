@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::fmt::Debug;
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -238,6 +239,24 @@ pub struct RaceReport {
 /// makes every delivery fail must end in a red test, not a test that never ends.
 pub const MAX_REDELIVERIES: usize = 50;
 
+/// What a pump does with a delivery's result: `Some` once it settled; `None` when the
+/// handler failed with a retryable error, to deliver it again to the same worker, as a
+/// broker would, a bounded number of times (counted in `retries`).
+pub fn settled<T>(result: Result<T, Error>, what: &impl Debug, retries: &mut usize) -> Option<T> {
+    match result {
+        Ok(settled) => Some(settled),
+        Err(error) if classify(&error).is_retryable() => {
+            *retries += 1;
+            assert!(
+                *retries < MAX_REDELIVERIES,
+                "{what:?} failed {retries} times in a row: {error}"
+            );
+            None
+        }
+        Err(error) => panic!("{what:?} failed: {error}"),
+    }
+}
+
 /// Every worker, each on its own connection, receives every message, and all workers
 /// start each message together: every message is delivered `workers` times at once.
 /// Odd workers read the inbox first, even ones go straight to the transaction. Transient
@@ -261,33 +280,26 @@ pub async fn race<D: TestDb>(
             for n in 0..messages {
                 let message = Credit::new(n);
                 barrier.wait().await;
-                let mut redeliveries = 0;
-                loop {
-                    let outcome = match handler {
+                let mut retries = 0;
+                let outcome = loop {
+                    let result = match handler {
                         Handler::Idempotent if worker % 2 == 1 => {
                             credit_reading_first(&mut conn, &message).await
                         }
                         Handler::Idempotent => credit(&mut conn, &message).await,
                         Handler::Naive => naive_credit::<D>(&mut conn, &message).await,
                     };
-                    match outcome {
-                        Ok(Outcome::Processed(())) => report.processed += 1,
-                        Ok(Outcome::Duplicate) => report.duplicates += 1,
-                        Ok(Outcome::InProgress { .. }) => {
-                            panic!("a transactional handler returned InProgress")
-                        }
-                        Err(error) if classify(&error).is_retryable() => {
-                            report.transient_retries += 1;
-                            redeliveries += 1;
-                            assert!(
-                                redeliveries < MAX_REDELIVERIES,
-                                "{message:?} failed {redeliveries} times in a row: {error}"
-                            );
-                            continue;
-                        }
-                        Err(error) => panic!("{handler:?} handler failed on {message:?}: {error}"),
+                    if let Some(outcome) = settled(result, &message, &mut retries) {
+                        break outcome;
                     }
-                    break;
+                };
+                report.transient_retries += retries;
+                match outcome {
+                    Outcome::Processed(()) => report.processed += 1,
+                    Outcome::Duplicate => report.duplicates += 1,
+                    Outcome::InProgress { .. } => {
+                        panic!("a transactional handler returned InProgress")
+                    }
                 }
             }
             report
