@@ -221,12 +221,14 @@ impl<C: BenchConnection> Step<'_, C> {
         for _ in 0..self.consumers {
             connections.push(connect(self.db).await?);
         }
+        let credits_before = setup::credits(admin).await?;
         let probe = Probe::start(self.db, admin, &mut connections).await?;
         let bar = progress.step(name.clone(), self.workload.deliveries);
         let (run, connections) =
             runner::drive(connections, self.variant, self.workload, &bar).await?;
         let diagnostics = probe.finish(admin, connections).await?;
-        self.check(&run)?;
+        let credited = setup::credits(admin).await? - credits_before;
+        self.check(&run, credited)?;
         let measurement = Measurement {
             variant: self.variant,
             consumers: self.consumers,
@@ -244,8 +246,9 @@ impl<C: BenchConnection> Step<'_, C> {
     }
 
     /// Each variant must have done what it claims, or its figure means nothing: every
-    /// new message processed once, and every redelivery found as a duplicate.
-    fn check(&self, run: &Run) -> anyhow::Result<()> {
+    /// new message processed once and credited once (`credited` is what the balances
+    /// grew by), and every redelivery found as a duplicate.
+    fn check(&self, run: &Run, credited: i64) -> anyhow::Result<()> {
         let duplicates = self.workload.duplicates();
         let processed = self.workload.deliveries - duplicates;
         ensure!(
@@ -254,6 +257,11 @@ impl<C: BenchConnection> Step<'_, C> {
             self.variant.label(),
             run.tally.processed,
             run.tally.duplicates,
+        );
+        ensure!(
+            credited == processed as i64,
+            "{}: {processed} messages processed, but the balances grew by {credited}",
+            self.variant.label(),
         );
         Ok(())
     }
@@ -271,9 +279,9 @@ struct Reference<'a> {
 
 impl Reference<'_> {
     /// Runs the script with one client per consumer, each taking an equal share of
-    /// `messages` (at least one), after the checkpoint a [`Step`] takes too. Like a
-    /// variant's, the measurement counts only once every transaction has credited its
-    /// account (and inserted its marker).
+    /// `messages` (at least one transaction), after the checkpoint a [`Step`] takes too.
+    /// Like a variant's, the measurement counts only once every transaction has credited
+    /// its accounts (and inserted its markers).
     async fn measure<C: BenchConnection>(
         self,
         admin: &mut C,
@@ -286,8 +294,10 @@ impl Reference<'_> {
         };
         let name = step_name(C::BACKEND, self.consumers, variant);
         setup::checkpoint(admin).await?;
-        let per_client = (messages / self.consumers as u64).max(1);
-        let deliveries = per_client * self.consumers as u64;
+        let per_transaction = self.script.messages();
+        let per_client = (messages / self.consumers as u64 / per_transaction).max(1);
+        let transactions = per_client * self.consumers as u64;
+        let deliveries = transactions * per_transaction;
         let bar = progress.step(name.clone(), deliveries);
         bar.set_message(format!(
             "({} reports at the end)",
@@ -301,9 +311,10 @@ impl Reference<'_> {
             .with_context(|| name.clone())?;
         let credits = setup::credits(admin).await? - before;
         let markers = select_i64(admin, "SELECT COUNT(*) FROM inbox").await?;
-        let expected_markers = match self.script {
-            Script::Bare => 0,
-            Script::MarkerInsert => deliveries as i64,
+        let expected_markers = if self.script.marks() {
+            deliveries as i64
+        } else {
+            0
         };
         ensure!(
             credits == deliveries as i64 && markers == expected_markers,
@@ -321,7 +332,7 @@ impl Reference<'_> {
                     processed: deliveries,
                     ..Tally::default()
                 },
-                statements: deliveries * self.script.statements(),
+                statements: transactions * self.script.statements(),
             },
             // The client's connections are not the harness's: there is nothing to probe.
             diagnostics: Diagnostics::default(),

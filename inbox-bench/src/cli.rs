@@ -35,9 +35,10 @@ pub struct Args {
     pub prefill: Option<Prefill>,
 
     /// Variants to measure, comma-separated, by their numbers in the report: 1, 2, 3,
-    /// 4, 4b, 5, 6, 7 and the references sent by C clients, p1, p2 (pgbench), m1, m2
+    /// 4, 4b, 5, 6, 7, the batches b10, b50, b100 and the bare batches bb10, bb50, bb100,
+    /// and the references sent by C clients, p1, p2, pb1, pb2 (pgbench), m1, m2
     /// (mariadb-slap), s1, s2 (sqlite3) [default: all]. A subset shortens a run taken to
-    /// compare a few of them, such as `1,3,4,m1,m2`.
+    /// compare a few of them, such as `1,3,4,m1,m2` or `4,b50,bb50,pb1,pb2`.
     #[arg(long, value_delimiter = ',', value_parser = parse_variant_number)]
     pub variants: Vec<String>,
 
@@ -328,7 +329,8 @@ mod tests {
         assert_eq!(
             Variant::numbers(),
             [
-                "1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2", "m1", "m2", "s1", "s2"
+                "1", "2", "3", "4", "4b", "5", "6", "b10", "b50", "b100", "bb10", "bb50", "bb100",
+                "7", "p1", "p2", "pb1", "pb2", "m1", "m2", "s1", "s2"
             ]
         );
         for number in Variant::numbers() {
