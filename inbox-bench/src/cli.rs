@@ -35,7 +35,7 @@ pub struct Args {
     pub prefill: Option<Prefill>,
 
     /// Variants to measure, comma-separated, by their numbers in the report: 1, 2, 3,
-    /// 4, 4b, 5, 6, 7, the batches b10, b50, b100 and the bare batches bb10, bb50, bb100,
+    /// 4, 4b, 4c, 5, 6, 7, the batches b10, b50, b100 and the bare batches bb10, bb50, bb100,
     /// and the references sent by C clients, p1, p2, pb1, pb2 (pgbench), m1, m2
     /// (mariadb-slap), s1, s2 (sqlite3) [default: all]. A subset shortens a run taken to
     /// compare a few of them, such as `1,3,4,m1,m2` or `4,b50,bb50,pb1,pb2`.
@@ -329,8 +329,8 @@ mod tests {
         assert_eq!(
             Variant::numbers(),
             [
-                "1", "2", "3", "4", "4b", "5", "6", "b10", "b50", "b100", "bb10", "bb50", "bb100",
-                "7", "p1", "p2", "pb1", "pb2", "m1", "m2", "s1", "s2"
+                "1", "2", "3", "4", "4b", "4c", "5", "6", "b10", "b50", "b100", "bb10", "bb50",
+                "bb100", "7", "p1", "p2", "pb1", "pb2", "m1", "m2", "s1", "s2"
             ]
         );
         for number in Variant::numbers() {
@@ -349,9 +349,9 @@ mod tests {
         let args = Args::try_parse_from(["inbox-bench", "--variants", "7", "--prefill", "none"]);
         assert!(Plan::new(args.unwrap(), &[]).is_err());
 
-        let error = Args::try_parse_from(["inbox-bench", "--variants", "4c"]).unwrap_err();
+        let error = Args::try_parse_from(["inbox-bench", "--variants", "4d"]).unwrap_err();
         assert!(
-            error.to_string().contains("`4c` is not a variant"),
+            error.to_string().contains("`4d` is not a variant"),
             "{error}"
         );
     }

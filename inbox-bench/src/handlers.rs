@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use diesel::QueryResult;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel_inbox::{BatchOutcome, Outcome, idempotent};
+use diesel_inbox::{BatchOutcome, Claim, Outcome, idempotent};
 
 use crate::connection::BenchConnection;
 use crate::variant::Variant;
@@ -96,6 +96,7 @@ async fn handle_one<C: BenchConnection>(
         Variant::Idempotent | Variant::Prefilled { .. } => idempotent_credit(conn, delivery).await,
         Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
         Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
+        Variant::Claimed => claimed_credit(conn, delivery).await,
         Variant::PeerFlow => peer_flow(conn, delivery).await,
         Variant::Batch(_) | Variant::BareBatch(_) => {
             unreachable!("a batch is handled in one call")
@@ -234,6 +235,20 @@ fn batch_credits<'d>(deliveries: impl Iterator<Item = &'d Delivery>) -> Vec<(i64
         *credits.entry(delivery.account).or_insert(0) += 1;
     }
     credits.into_iter().collect()
+}
+
+/// (4c) Claim mode, as for an effect outside the database: the claim commits on its
+/// own, then the body runs outside any transaction: the external call, here a no-op
+/// given the claim's idempotency key as a real call would be, and the credit, which
+/// autocommits; then the completion commits. Three statements, each its own commit.
+#[idempotent(consumer = "bench-claim", key = delivery.message_id, claim)]
+async fn claimed_credit<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    std::hint::black_box(Claim::current().idempotency_key());
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
 }
 
 /// (6) The flow of MassTransit's Entity Framework Core inbox, on a table like its

@@ -607,7 +607,10 @@ fn render_legend(w: &mut String) {
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \
-         `SELECT EXISTS` more, before BEGIN. (5) `#[idempotent]` where the given share of \
+         `SELECT EXISTS` more, before BEGIN. (4c) claim mode, `#[idempotent(claim)]`, for \
+         effects outside the database: the claim's insert commits, then the body runs in \
+         no transaction (a no-op external call, then the credit, autocommitted), then the \
+         completion's update commits: three commits per message. (5) `#[idempotent]` where the given share of \
          deliveries repeat messages already processed. (6) MassTransit's EF Core inbox \
          flow, on a table of its own modelled on its `InboxState`: insert the row and \
          commit, then a serializable transaction that locks the row with `SELECT … FOR \

@@ -105,6 +105,10 @@ pub enum Variant {
     Idempotent,
     /// (4b) `#[idempotent(fast_path = true)]`: what always reading first costs.
     IdempotentReadingFirst,
+    /// (4c) `#[idempotent(claim)]`: the claim committed, then the body outside any
+    /// transaction (a no-op external call, then the credit, autocommitted), then the
+    /// completion.
+    Claimed,
     /// (5) `#[idempotent]` where `percent` of the deliveries are redeliveries.
     Duplicates { percent: u64 },
     /// (6) MassTransit's EF Core inbox: insert and commit, then lock, handle, consume.
@@ -124,12 +128,13 @@ pub enum Variant {
 
 impl Variant {
     /// The variants measured on a freshly emptied inbox, in report order.
-    pub const EMPTY_INBOX: [Self; 14] = [
+    pub const EMPTY_INBOX: [Self; 15] = [
         Self::Bare,
         Self::Naive,
         Self::HandWritten,
         Self::Idempotent,
         Self::IdempotentReadingFirst,
+        Self::Claimed,
         Self::Duplicates { percent: 50 },
         Self::Duplicates { percent: 100 },
         Self::PeerFlow,
@@ -171,6 +176,7 @@ impl Variant {
             Self::HandWritten => "3",
             Self::Idempotent => "4",
             Self::IdempotentReadingFirst => "4b",
+            Self::Claimed => "4c",
             Self::Duplicates { .. } => "5",
             Self::PeerFlow => "6",
             Self::Prefilled { .. } => "7",
@@ -207,6 +213,7 @@ impl Variant {
             Self::HandWritten => "hand-written inbox SQL".to_owned(),
             Self::Idempotent => "#[idempotent]".to_owned(),
             Self::IdempotentReadingFirst => "#[idempotent], fast_path = true".to_owned(),
+            Self::Claimed => "#[idempotent(claim)], no-op external call".to_owned(),
             Self::Duplicates { percent } => format!("#[idempotent], {percent}% duplicates"),
             Self::PeerFlow => "peer flow (two transactions)".to_owned(),
             Self::Prefilled { rows } => {
