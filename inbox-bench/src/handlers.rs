@@ -93,7 +93,9 @@ async fn handle_one<C: BenchConnection>(
         Variant::Bare => bare(conn, delivery).await,
         Variant::Naive => naive(conn, delivery).await,
         Variant::HandWritten => hand_written(conn, delivery).await,
-        Variant::Idempotent | Variant::Prefilled { .. } => idempotent_credit(conn, delivery).await,
+        Variant::Idempotent | Variant::Prefilled { .. } | Variant::PruneUnderLoad { .. } => {
+            idempotent_credit(conn, delivery).await
+        }
         Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
         Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
         Variant::Claimed => claimed_credit(conn, delivery).await,
@@ -168,7 +170,7 @@ async fn hand_written<C: BenchConnection>(
     }
 }
 
-/// (4) and (7).
+/// (4), (7) and (8).
 #[idempotent(consumer = "bench-credit", key = delivery.message_id)]
 async fn idempotent_credit<C: BenchConnection>(
     conn: &mut C,

@@ -53,6 +53,13 @@ fn goals(plan: &Plan) -> Vec<Goal> {
         denominator: Variant::PeerFlow,
         at_least: 1.5,
     });
+    if let Some(rows) = plan.prune {
+        goals.push(Goal {
+            numerator: Variant::PruneUnderLoad { rows },
+            denominator: Variant::Idempotent,
+            at_least: 0.8,
+        });
+    }
     goals.extend([
         Goal {
             numerator: Variant::Batch(BatchSize::Fifty),
@@ -390,7 +397,9 @@ fn short(variant: Variant) -> String {
     let number = variant.number();
     match variant {
         Variant::Duplicates { percent } => format!("({number}, {percent}% dups)"),
-        Variant::Prefilled { rows } => format!("({number}, {})", count_label(rows)),
+        Variant::Prefilled { rows } | Variant::PruneUnderLoad { rows } => {
+            format!("({number}, {})", count_label(rows))
+        }
         _ => format!("({number})"),
     }
 }
@@ -509,6 +518,7 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         }
     }
     line(w, "");
+    render_pruned(w, plan, run);
     render_reference(w, run);
     if !run.prefilled.is_empty() {
         line(w, "The pre-filled inbox's unique index:");
@@ -565,6 +575,57 @@ fn render_reference(w: &mut String, run: &BackendRun) {
     }
 }
 
+/// What variant 8's prune did beside the consumers, in the median round at each
+/// consumer count: every old marker deleted, and whether it ran for all of the
+/// consumers' time (a prune that ends first leaves the rest of the run unloaded).
+fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
+    let Some(rows) = plan.prune else {
+        return;
+    };
+    let variant = Variant::PruneUnderLoad { rows };
+    let mut lines = Vec::new();
+    for &consumers in &plan.consumers {
+        let Some(m) = run.find(variant, consumers) else {
+            continue;
+        };
+        let Some(pruned) = m.pruned else {
+            continue;
+        };
+        let (pruning, consuming) = (pruned.elapsed.as_secs_f64(), m.run.elapsed.as_secs_f64());
+        let overlap = if pruning >= consuming {
+            "for all of it".to_owned()
+        } else {
+            format!("for {:.0}% of it", 100.0 * pruning / consuming)
+        };
+        lines.push(format!(
+            "- {consumers} consumer(s): prune deleted {} old markers in {pruning:.1} s \
+             ({} transient failures repeated), {:.0} rows/s; the consumers ran {consuming:.1} s, \
+             pruned {overlap}.",
+            thousands(pruned.rows as f64),
+            pruned.retries,
+            pruned.rows as f64 / pruning,
+        ));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "{}: one more connection calls `prune` with a 1-day window from the moment the \
+         consumers start until it has deleted the {} markers loaded {} days old before the \
+         measurement (median round); afterwards every message was credited once and only \
+         the consumers' markers were left:",
+        short(variant),
+        count_label(rows),
+        crate::runner::PRUNED_MARKERS_AGE_DAYS,
+    );
+    line(w, "");
+    for item in lines {
+        line(w, &item);
+    }
+    line(w, "");
+}
+
 /// One Markdown table row.
 fn table_row(w: &mut String, cells: impl IntoIterator<Item = String>) {
     let cells: Vec<String> = cells.into_iter().collect();
@@ -615,7 +676,9 @@ fn render_legend(w: &mut String) {
          flow, on a table of its own modelled on its `InboxState`: insert the row and \
          commit, then a serializable transaction that locks the row with `SELECT … FOR \
          UPDATE` (`BEGIN IMMEDIATE` on SQLite), credits and sets its `consumed_at`. (7) \
-         `#[idempotent]` over an inbox already holding that many markers. (b10), (b50), \
+         `#[idempotent]` over an inbox already holding that many markers. (8) (4)'s \
+         deliveries while one more connection runs `prune` over that many markers, loaded \
+         two days old before the measurement, until it has deleted them all. (b10), (b50), \
          (b100) `#[idempotent(batch = …)]` over that many consecutive deliveries per call, \
          in one transaction: the markers in one insert (PostgreSQL) or inserts of up to \
          64 (MySQL, SQLite), then the batch's credits summed by account in one `UPDATE` \

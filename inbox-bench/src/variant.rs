@@ -115,6 +115,9 @@ pub enum Variant {
     PeerFlow,
     /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
     Prefilled { rows: u64 },
+    /// (8) (4)'s deliveries while one more connection prunes `rows` old markers, loaded
+    /// before the measurement.
+    PruneUnderLoad { rows: u64 },
     /// (b10, b50, b100) `#[idempotent(batch = …)]`: a batch of messages per transaction,
     /// their credits in one statement.
     Batch(BatchSize),
@@ -150,7 +153,10 @@ impl Variant {
     pub fn numbers() -> Vec<&'static str> {
         let mut numbers: Vec<&'static str> = Self::EMPTY_INBOX
             .into_iter()
-            .chain([Self::Prefilled { rows: 0 }])
+            .chain([
+                Self::PruneUnderLoad { rows: 0 },
+                Self::Prefilled { rows: 0 },
+            ])
             .chain(Self::references())
             .map(Self::number)
             .collect();
@@ -180,6 +186,7 @@ impl Variant {
             Self::Duplicates { .. } => "5",
             Self::PeerFlow => "6",
             Self::Prefilled { .. } => "7",
+            Self::PruneUnderLoad { .. } => "8",
             Self::Batch(size) => match size {
                 BatchSize::Ten => "b10",
                 BatchSize::Fifty => "b50",
@@ -219,6 +226,10 @@ impl Variant {
             Self::Prefilled { rows } => {
                 format!("#[idempotent], {} rows in inbox", count_label(rows))
             }
+            Self::PruneUnderLoad { rows } => format!(
+                "#[idempotent] while prune deletes {} old markers",
+                count_label(rows)
+            ),
             Self::Batch(size) => {
                 format!("#[idempotent(batch)], {} per transaction", size.messages())
             }
