@@ -18,7 +18,7 @@ use crate::connection::{BenchConnection, connect};
 use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
 use crate::reference::ReferenceClient;
-use crate::runner::{self, Run, Tally};
+use crate::runner::{self, PRUNED_MARKERS_AGE_DAYS, PruneTask, Pruned, Run, Tally};
 use crate::setup;
 use crate::variant::{Script, Variant, count_label, reference_client};
 use crate::workload::{Workload, splitmix64};
@@ -32,6 +32,8 @@ pub struct Measurement {
     pub deliveries: u64,
     pub run: Run,
     pub diagnostics: Diagnostics,
+    /// What the prune beside the consumers did, for variant 8.
+    pub pruned: Option<Pruned>,
 }
 
 impl Measurement {
@@ -141,6 +143,31 @@ pub async fn run_backend<C: BenchConnection>(
             };
             measurements.push(step.measure(&mut admin, progress).await?);
         }
+        if let Some(rows) = plan.prune {
+            setup::reset(&mut admin).await?;
+            let bar = progress.step(
+                format!("{}: loading old markers to prune", C::BACKEND.name()),
+                rows,
+            );
+            setup::prefill(&mut admin, 0, rows, PRUNED_MARKERS_AGE_DAYS, &bar).await?;
+            progress.finish_step(
+                bar,
+                format!(
+                    "{}: {} old markers loaded",
+                    C::BACKEND.name(),
+                    count_label(rows)
+                ),
+            );
+            let variant = Variant::PruneUnderLoad { rows };
+            let step = Step {
+                db,
+                variant,
+                consumers,
+                round,
+                workload: variant.workload(seed(), plan.messages),
+            };
+            measurements.push(step.measure(&mut admin, progress).await?);
+        }
         if let Some(client) = client {
             for script in plan.references_on(C::BACKEND) {
                 setup::reset(&mut admin).await?;
@@ -169,7 +196,7 @@ pub async fn run_backend<C: BenchConnection>(
             rows - loaded,
         );
         let began = Instant::now();
-        setup::prefill(&mut admin, loaded, rows, &bar).await?;
+        setup::prefill(&mut admin, loaded, rows, 0, &bar).await?;
         loaded = rows;
         let shape = probe::index_shape(&mut admin, rows).await;
         progress.finish_step(
@@ -221,12 +248,30 @@ impl<C: BenchConnection> Step<'_, C> {
         for _ in 0..self.consumers {
             connections.push(connect(self.db).await?);
         }
+        let credits_before = setup::credits(admin).await?;
+        let prune = match self.variant {
+            Variant::PruneUnderLoad { rows } => {
+                Some(PruneTask::spawn(connect(self.db).await?, rows))
+            }
+            _ => None,
+        };
         let probe = Probe::start(self.db, admin, &mut connections).await?;
         let bar = progress.step(name.clone(), self.workload.deliveries);
-        let (run, connections) =
-            runner::drive(connections, self.variant, self.workload, &bar).await?;
+        let prune = prune.map(PruneTask::start);
+        let driven = runner::drive(connections, self.variant, self.workload, &bar).await;
+        // The prune is awaited even after the consumers failed, so that it is not still
+        // deleting when the tables are reset.
+        let pruned = match prune {
+            Some(prune) => Some(prune.finish().await.with_context(|| name.clone())?),
+            None => None,
+        };
+        let (run, connections) = driven?;
         let diagnostics = probe.finish(admin, connections).await?;
-        self.check(&run)?;
+        let credited = setup::credits(admin).await? - credits_before;
+        self.check(&run, credited)?;
+        if let Some(pruned) = pruned {
+            self.check_pruned(admin, pruned).await?;
+        }
         let measurement = Measurement {
             variant: self.variant,
             consumers: self.consumers,
@@ -234,18 +279,27 @@ impl<C: BenchConnection> Step<'_, C> {
             deliveries: self.workload.deliveries,
             run,
             diagnostics,
+            pruned,
         };
+        let pruning = pruned.map_or_else(String::new, |pruned| {
+            format!(
+                "; prune deleted {} markers in {:.1} s",
+                pruned.rows,
+                pruned.elapsed.as_secs_f64()
+            )
+        });
         progress.finish_step(
             bar,
-            format!("{name}: {:.0} msg/s", measurement.per_second()),
+            format!("{name}: {:.0} msg/s{pruning}", measurement.per_second()),
         );
         progress.measured();
         Ok(measurement)
     }
 
     /// Each variant must have done what it claims, or its figure means nothing: every
-    /// new message processed once, and every redelivery found as a duplicate.
-    fn check(&self, run: &Run) -> anyhow::Result<()> {
+    /// new message processed once and credited once (`credited` is what the balances
+    /// grew by), and every redelivery found as a duplicate.
+    fn check(&self, run: &Run, credited: i64) -> anyhow::Result<()> {
         let duplicates = self.workload.duplicates();
         let processed = self.workload.deliveries - duplicates;
         ensure!(
@@ -254,6 +308,29 @@ impl<C: BenchConnection> Step<'_, C> {
             self.variant.label(),
             run.tally.processed,
             run.tally.duplicates,
+        );
+        ensure!(
+            credited == processed as i64,
+            "{}: {processed} messages processed, but the balances grew by {credited}",
+            self.variant.label(),
+        );
+        Ok(())
+    }
+
+    /// Variant 8's prune must have deleted every old marker and nothing else: what is
+    /// left is one marker per message processed.
+    async fn check_pruned(&self, admin: &mut C, pruned: Pruned) -> anyhow::Result<()> {
+        let Variant::PruneUnderLoad { rows } = self.variant else {
+            return Ok(());
+        };
+        let left = setup::markers(admin).await?;
+        ensure!(
+            pruned.rows == rows && left == self.workload.deliveries as i64,
+            "{}: prune deleted {} of {rows} old markers, and {left} markers are left for {} \
+             messages",
+            self.variant.label(),
+            pruned.rows,
+            self.workload.deliveries,
         );
         Ok(())
     }
@@ -271,9 +348,9 @@ struct Reference<'a> {
 
 impl Reference<'_> {
     /// Runs the script with one client per consumer, each taking an equal share of
-    /// `messages` (at least one), after the checkpoint a [`Step`] takes too. Like a
-    /// variant's, the measurement counts only once every transaction has credited its
-    /// account (and inserted its marker).
+    /// `messages` (at least one transaction), after the checkpoint a [`Step`] takes too.
+    /// Like a variant's, the measurement counts only once every transaction has credited
+    /// its accounts (and inserted its markers).
     async fn measure<C: BenchConnection>(
         self,
         admin: &mut C,
@@ -286,8 +363,10 @@ impl Reference<'_> {
         };
         let name = step_name(C::BACKEND, self.consumers, variant);
         setup::checkpoint(admin).await?;
-        let per_client = (messages / self.consumers as u64).max(1);
-        let deliveries = per_client * self.consumers as u64;
+        let per_transaction = self.script.messages();
+        let per_client = (messages / self.consumers as u64 / per_transaction).max(1);
+        let transactions = per_client * self.consumers as u64;
+        let deliveries = transactions * per_transaction;
         let bar = progress.step(name.clone(), deliveries);
         bar.set_message(format!(
             "({} reports at the end)",
@@ -301,9 +380,10 @@ impl Reference<'_> {
             .with_context(|| name.clone())?;
         let credits = setup::credits(admin).await? - before;
         let markers = select_i64(admin, "SELECT COUNT(*) FROM inbox").await?;
-        let expected_markers = match self.script {
-            Script::Bare => 0,
-            Script::MarkerInsert => deliveries as i64,
+        let expected_markers = if self.script.marks() {
+            deliveries as i64
+        } else {
+            0
         };
         ensure!(
             credits == deliveries as i64 && markers == expected_markers,
@@ -321,10 +401,11 @@ impl Reference<'_> {
                     processed: deliveries,
                     ..Tally::default()
                 },
-                statements: deliveries * self.script.statements(),
+                statements: transactions * self.script.statements(),
             },
             // The client's connections are not the harness's: there is nothing to probe.
             diagnostics: Diagnostics::default(),
+            pruned: None,
         };
         progress.finish_step(
             bar,

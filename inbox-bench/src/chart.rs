@@ -11,7 +11,9 @@ use crate::bench::BackendRun;
 use crate::cli::Plan;
 
 const WIDTH: u32 = 1100;
-const PANEL_HEIGHT: u32 = 460;
+const PANEL_HEIGHT: u32 = 520;
+/// Pixels between the legend's lines: room for twenty variants in a panel.
+const LEGEND_STEP: i32 = 22;
 /// The share of a panel's width given to the plot; the legend takes the rest.
 const PLOT_SHARE: f64 = 0.66;
 
@@ -93,7 +95,7 @@ where
         )?;
 
         // The legend sits beside the plot, where it cannot hide a line.
-        let y = 60 + 24 * index as i32;
+        let y = 60 + LEGEND_STEP * index as i32;
         legend.draw(&PathElement::new(
             vec![(10, y), (40, y)],
             color.stroke_width(3),

@@ -35,9 +35,10 @@ pub struct Args {
     pub prefill: Option<Prefill>,
 
     /// Variants to measure, comma-separated, by their numbers in the report: 1, 2, 3,
-    /// 4, 4b, 5, 6, 7 and the references sent by C clients, p1, p2 (pgbench), m1, m2
+    /// 4, 4b, 4c, 5, 6, 7, 8, the batches b10, b50, b100 and the bare batches bb10, bb50, bb100,
+    /// and the references sent by C clients, p1, p2, pb1, pb2 (pgbench), m1, m2
     /// (mariadb-slap), s1, s2 (sqlite3) [default: all]. A subset shortens a run taken to
-    /// compare a few of them, such as `1,3,4,m1,m2`.
+    /// compare a few of them, such as `1,3,4,m1,m2` or `4,b50,bb50,pb1,pb2`.
     #[arg(long, value_delimiter = ',', value_parser = parse_variant_number)]
     pub variants: Vec<String>,
 
@@ -82,6 +83,8 @@ pub struct Plan {
     pub rounds: u32,
     /// Inbox sizes for variant 7; empty when it is not measured.
     pub prefill: Vec<u64>,
+    /// Old markers variant 8 prunes while the consumers run, when it is measured.
+    pub prune: Option<u64>,
     /// The variants measured on an emptied inbox, in report order.
     pub empty_inbox: Vec<Variant>,
     /// The reference rows to run, each on its backend where its client is at hand.
@@ -143,12 +146,18 @@ impl Plan {
         } else if prefill.is_empty() && !args.variants.is_empty() {
             bail!("--variants 7 needs inbox sizes to pre-fill, such as --prefill 1M");
         }
+        let prune = chosen(Variant::PruneUnderLoad { rows: 0 }).then_some(if args.smoke {
+            10_000
+        } else {
+            1_000_000
+        });
         Ok(Self {
             backends,
             consumers,
             messages,
             rounds: args.rounds,
             prefill,
+            prune,
             empty_inbox: Variant::EMPTY_INBOX
                 .into_iter()
                 .filter(|&v| chosen(v))
@@ -183,6 +192,7 @@ impl Plan {
 
     pub fn variants(&self) -> Vec<Variant> {
         let mut variants = self.empty_inbox.clone();
+        variants.extend(self.prune.map(|rows| Variant::PruneUnderLoad { rows }));
         variants.extend(self.prefill.iter().map(|&rows| Variant::Prefilled { rows }));
         variants
     }
@@ -292,7 +302,8 @@ mod tests {
         assert_eq!(plan.messages, 100);
         assert_eq!(plan.prefill, vec![10_000]);
         assert_eq!(plan.backends, Backend::ALL.to_vec());
-        assert_eq!(plan.variants().len(), Variant::EMPTY_INBOX.len() + 1);
+        assert_eq!(plan.prune, Some(10_000));
+        assert_eq!(plan.variants().len(), Variant::EMPTY_INBOX.len() + 2);
         assert_eq!(plan.references, Variant::references().collect::<Vec<_>>());
     }
 
@@ -328,7 +339,8 @@ mod tests {
         assert_eq!(
             Variant::numbers(),
             [
-                "1", "2", "3", "4", "4b", "5", "6", "7", "p1", "p2", "m1", "m2", "s1", "s2"
+                "1", "2", "3", "4", "4b", "4c", "5", "6", "b10", "b50", "b100", "bb10", "bb50",
+                "bb100", "8", "7", "p1", "p2", "pb1", "pb2", "m1", "m2", "s1", "s2"
             ]
         );
         for number in Variant::numbers() {
@@ -347,9 +359,9 @@ mod tests {
         let args = Args::try_parse_from(["inbox-bench", "--variants", "7", "--prefill", "none"]);
         assert!(Plan::new(args.unwrap(), &[]).is_err());
 
-        let error = Args::try_parse_from(["inbox-bench", "--variants", "4c"]).unwrap_err();
+        let error = Args::try_parse_from(["inbox-bench", "--variants", "4d"]).unwrap_err();
         assert!(
-            error.to_string().contains("`4c` is not a variant"),
+            error.to_string().contains("`4d` is not a variant"),
             "{error}"
         );
     }

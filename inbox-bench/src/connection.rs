@@ -5,6 +5,7 @@
 //! are written to render exactly the SQL that `#[idempotent]` issues; transaction control
 //! is raw SQL, as the library's transaction manager sends it.
 
+use std::fmt::Write as _;
 use std::future::Future;
 
 use anyhow::Context as _;
@@ -13,7 +14,7 @@ use diesel::dsl::{exists, insert_into, now, select, sql, update};
 use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::{BigInt, Text, Timestamp};
+use diesel::sql_types::{Array, BigInt, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel_async::methods::{ExecuteDsl, LoadQuery};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
@@ -243,6 +244,15 @@ pub trait BenchConnection: Statements + TestConnection {
         message_id: String,
         consumer: &'static str,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// A batch's business write: adds each `(account, amount)` of `credits`, whose
+    /// accounts are distinct and ascending, in one statement that walks the accounts'
+    /// primary key in that order, so that two batches sharing accounts lock them in the
+    /// same order and wait for each other rather than deadlock.
+    fn credit_batch(
+        &mut self,
+        credits: &[(i64, i64)],
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 }
 
 impl BenchConnection for AsyncPgConnection {
@@ -296,6 +306,25 @@ impl BenchConnection for AsyncPgConnection {
         update(peer_row(message_id, consumer))
             .set(peer_inbox::consumed_at.eq(clock_timestamp().nullable()))
             .execute(self)
+    }
+
+    /// The accounts and amounts bound as two arrays: one statement text whatever the
+    /// batch's size. The `= ANY` condition makes the accounts an index scan of their
+    /// primary key in ascending order, which drives the join; without it the planner
+    /// hash-joins a batch of 100 against a sequential scan, whose order changes as rows
+    /// move, and batches deadlock (a second's `deadlock_timeout` each).
+    async fn credit_batch(&mut self, credits: &[(i64, i64)]) -> QueryResult<()> {
+        let (accounts, amounts): (Vec<i64>, Vec<i64>) = credits.iter().copied().unzip();
+        diesel::sql_query(
+            "UPDATE accounts SET balance = balance + credit.amount \
+             FROM unnest($1::bigint[], $2::bigint[]) AS credit (id, amount) \
+             WHERE accounts.id = credit.id AND accounts.id = ANY ($1)",
+        )
+        .bind::<Array<BigInt>, _>(accounts)
+        .bind::<Array<BigInt>, _>(amounts)
+        .execute(self)
+        .await?;
+        Ok(())
     }
 }
 
@@ -366,6 +395,10 @@ impl BenchConnection for AsyncMysqlConnection {
             .set(peer_inbox::consumed_at.eq(sql::<Timestamp>("CURRENT_TIMESTAMP(6)").nullable()))
             .execute(self)
     }
+
+    async fn credit_batch(&mut self, credits: &[(i64, i64)]) -> QueryResult<()> {
+        self.batch_execute(&credit_by_case(credits)).await
+    }
 }
 
 impl BenchConnection for SqliteConn {
@@ -426,6 +459,27 @@ impl BenchConnection for SqliteConn {
             .set(peer_inbox::consumed_at.eq(now.nullable()))
             .execute(self)
     }
+
+    async fn credit_batch(&mut self, credits: &[(i64, i64)]) -> QueryResult<()> {
+        self.batch_execute(&credit_by_case(credits)).await
+    }
+}
+
+/// `UPDATE accounts SET balance = balance + CASE id WHEN … END WHERE id IN (…)` for
+/// MySQL and SQLite, which have no arrays to bind: a text statement of integer literals,
+/// sent in one round trip and not kept prepared (its text differs from batch to batch).
+/// The `IN` list makes it a range scan of the primary key, in ascending order.
+fn credit_by_case(credits: &[(i64, i64)]) -> String {
+    let mut cases = String::new();
+    let mut accounts = Vec::with_capacity(credits.len());
+    for (account, amount) in credits {
+        let _ = write!(cases, " WHEN {account} THEN {amount}");
+        accounts.push(account.to_string());
+    }
+    format!(
+        "UPDATE accounts SET balance = balance + CASE id{cases} END WHERE id IN ({})",
+        accounts.join(", ")
+    )
 }
 
 /// The library's commit on MySQL and SQLite: the savepoint set after the marker insert

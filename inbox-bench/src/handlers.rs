@@ -6,9 +6,11 @@
 //!
 //! [`Statements::credit`]: crate::connection::Statements::credit
 
+use std::collections::BTreeMap;
+
 use diesel::QueryResult;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel_inbox::{Outcome, idempotent};
+use diesel_inbox::{BatchOutcome, Claim, Outcome, idempotent};
 
 use crate::connection::BenchConnection;
 use crate::variant::Variant;
@@ -26,8 +28,63 @@ const NAIVE_CONSUMER: &str = "bench-naive";
 const HAND_WRITTEN_CONSUMER: &str = "bench-hand-written";
 const PEER_CONSUMER: &str = "bench-peer";
 
-/// Handles one delivery as `variant` does.
+/// What one call of a handler did with its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    Settled {
+        processed: u64,
+        duplicates: u64,
+    },
+    /// Another delivery holds the message's claim: deliver it again.
+    InProgress,
+}
+
+impl From<Outcome<()>> for Handled {
+    fn from(outcome: Outcome<()>) -> Self {
+        match outcome {
+            Outcome::Processed(()) => Self::Settled {
+                processed: 1,
+                duplicates: 0,
+            },
+            Outcome::Duplicate => Self::Settled {
+                processed: 0,
+                duplicates: 1,
+            },
+            Outcome::InProgress { .. } => Self::InProgress,
+        }
+    }
+}
+
+impl<T> From<BatchOutcome<T>> for Handled {
+    fn from(batch: BatchOutcome<T>) -> Self {
+        Self::Settled {
+            processed: batch.processed() as u64,
+            duplicates: batch.duplicates() as u64,
+        }
+    }
+}
+
+/// Handles `deliveries` as `variant` does: a batch variant in one call, any other
+/// variant one delivery at a time, as [`Variant::messages_per_call`] hands them out.
 pub async fn handle<C: BenchConnection>(
+    variant: Variant,
+    conn: &mut C,
+    deliveries: &[Delivery],
+) -> QueryResult<Handled> {
+    match variant {
+        Variant::Batch(_) => Ok(idempotent_batch_credit(conn, deliveries).await?.into()),
+        Variant::BareBatch(_) => bare_batch(conn, deliveries).await,
+        _ => {
+            let [delivery] = deliveries else {
+                unreachable!("{} takes one delivery per call", variant.label())
+            };
+            Ok(handle_one(variant, conn, delivery).await?.into())
+        }
+    }
+}
+
+/// Handles one delivery as `variant` does.
+async fn handle_one<C: BenchConnection>(
     variant: Variant,
     conn: &mut C,
     delivery: &Delivery,
@@ -36,10 +93,16 @@ pub async fn handle<C: BenchConnection>(
         Variant::Bare => bare(conn, delivery).await,
         Variant::Naive => naive(conn, delivery).await,
         Variant::HandWritten => hand_written(conn, delivery).await,
-        Variant::Idempotent | Variant::Prefilled { .. } => idempotent_credit(conn, delivery).await,
+        Variant::Idempotent | Variant::Prefilled { .. } | Variant::PruneUnderLoad { .. } => {
+            idempotent_credit(conn, delivery).await
+        }
         Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
         Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
+        Variant::Claimed => claimed_credit(conn, delivery).await,
         Variant::PeerFlow => peer_flow(conn, delivery).await,
+        Variant::Batch(_) | Variant::BareBatch(_) => {
+            unreachable!("a batch is handled in one call")
+        }
         Variant::Reference { .. } => {
             unreachable!("a C client runs the reference script on connections of its own")
         }
@@ -107,7 +170,7 @@ async fn hand_written<C: BenchConnection>(
     }
 }
 
-/// (4) and (7).
+/// (4), (7) and (8).
 #[idempotent(consumer = "bench-credit", key = delivery.message_id)]
 async fn idempotent_credit<C: BenchConnection>(
     conn: &mut C,
@@ -137,6 +200,55 @@ async fn idempotent_credit_reading_first<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
 ) -> Result<(), Error> {
+    conn.credit(delivery.account, 1).await?;
+    Ok(())
+}
+
+/// (b10, b50, b100) The batch's new messages credited in one statement, their markers
+/// inserted in one (PostgreSQL) or per 64 (MySQL, SQLite), in one transaction.
+#[idempotent(consumer = "bench-batch", batch = deliveries, key = |delivery| delivery.message_id)]
+async fn idempotent_batch_credit<C: BenchConnection>(
+    conn: &mut C,
+    deliveries: &[Delivery],
+) -> Result<(), Error> {
+    conn.credit_batch(&batch_credits(deliveries.iter().copied()))
+        .await
+}
+
+/// (bb10, bb50, bb100) The batch's credits in a transaction of their own, no inbox.
+async fn bare_batch<C: BenchConnection>(
+    conn: &mut C,
+    deliveries: &[Delivery],
+) -> QueryResult<Handled> {
+    let credits = batch_credits(deliveries.iter());
+    conn.transaction(async move |conn| conn.credit_batch(&credits).await)
+        .await?;
+    Ok(Handled::Settled {
+        processed: deliveries.len() as u64,
+        duplicates: 0,
+    })
+}
+
+/// A batch's credits summed by account, accounts ascending: two messages for one
+/// account add up, and every batch locks its accounts in the same order.
+fn batch_credits<'d>(deliveries: impl Iterator<Item = &'d Delivery>) -> Vec<(i64, i64)> {
+    let mut credits = BTreeMap::new();
+    for delivery in deliveries {
+        *credits.entry(delivery.account).or_insert(0) += 1;
+    }
+    credits.into_iter().collect()
+}
+
+/// (4c) Claim mode, as for an effect outside the database: the claim commits on its
+/// own, then the body runs outside any transaction: the external call, here a no-op
+/// given the claim's idempotency key as a real call would be, and the credit, which
+/// autocommits; then the completion commits. Three statements, each its own commit.
+#[idempotent(consumer = "bench-claim", key = delivery.message_id, claim)]
+async fn claimed_credit<C: BenchConnection>(
+    conn: &mut C,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    std::hint::black_box(Claim::current().idempotency_key());
     conn.credit(delivery.account, 1).await?;
     Ok(())
 }
@@ -190,4 +302,26 @@ async fn peer_flow<C: BenchConnection>(
 async fn roll_back_for<C: BenchConnection>(conn: &mut C, error: Error) -> Error {
     let _already_over = conn.batch_execute("ROLLBACK").await;
     error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    #[test]
+    fn a_batch_sums_its_credits_by_account_in_ascending_order() {
+        let delivery = |account| Delivery {
+            account,
+            ..Workload::new(1, 1, 0).delivery(0)
+        };
+        let batch = [
+            delivery(7),
+            delivery(3),
+            delivery(7),
+            delivery(5),
+            delivery(7),
+        ];
+        assert_eq!(batch_credits(batch.iter()), [(3, 1), (5, 1), (7, 3)]);
+    }
 }

@@ -31,12 +31,14 @@ impl ReferenceClient {
     /// The client for `backend`, or why its reference rows are skipped.
     pub fn find(backend: Backend) -> Result<Self, String> {
         let program = reference_client(backend);
-        let [bare, marker] = Script::ALL.map(|script| Variant::Reference { backend, script });
+        let numbers: Vec<String> = Script::on(backend)
+            .iter()
+            .map(|&script| format!("({})", Variant::Reference { backend, script }.number()))
+            .collect();
         let skipping = format!(
-            "skipping the {} reference rows ({}) and ({})",
+            "skipping the {} reference rows {}",
             backend.name(),
-            bare.number(),
-            marker.number()
+            numbers.join(", ")
         );
         match Command::new(program).arg("--version").output() {
             Ok(output) if output.status.success() => {
@@ -58,7 +60,8 @@ impl ReferenceClient {
     }
 
     /// Runs `script` on the run's database (the URL of a server's, the path of SQLite's
-    /// file) with `clients` clients of `transactions` transactions each, and returns the
+    /// file) with `clients` clients of `transactions` transactions each (of
+    /// [`Script::messages`] messages), and returns the
     /// time they took, connecting left out where the client's clock allows.
     pub async fn run(
         &self,

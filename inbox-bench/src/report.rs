@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::bench::{self, BackendRun, Measurement};
 use crate::cli::Plan;
 use crate::machine::Machine;
-use crate::variant::{Script, Variant, count_label, reference_client};
+use crate::variant::{BatchSize, Script, Variant, count_label, reference_client};
 
 /// The consumer count the issue's targets are stated at.
 const TARGET_CONSUMERS: usize = 8;
@@ -53,6 +53,25 @@ fn goals(plan: &Plan) -> Vec<Goal> {
         denominator: Variant::PeerFlow,
         at_least: 1.5,
     });
+    if let Some(rows) = plan.prune {
+        goals.push(Goal {
+            numerator: Variant::PruneUnderLoad { rows },
+            denominator: Variant::Idempotent,
+            at_least: 0.8,
+        });
+    }
+    goals.extend([
+        Goal {
+            numerator: Variant::Batch(BatchSize::Fifty),
+            denominator: Variant::Idempotent,
+            at_least: 8.0,
+        },
+        Goal {
+            numerator: Variant::Batch(BatchSize::Fifty),
+            denominator: Variant::BareBatch(BatchSize::Fifty),
+            at_least: 0.35,
+        },
+    ]);
     goals
 }
 
@@ -158,15 +177,17 @@ fn render_setup(
             .reference_client
             .as_ref()
             .map_or_else(String::new, |version| {
-                let [bare, marker] = Script::ALL.map(|script| Variant::Reference {
-                    backend: run.backend,
-                    script,
-                });
-                format!(
-                    "; reference rows {} and {} by {version}",
-                    short(bare),
-                    short(marker)
-                )
+                let rows: Vec<String> = plan
+                    .references_on(run.backend)
+                    .into_iter()
+                    .map(|script| {
+                        short(Variant::Reference {
+                            backend: run.backend,
+                            script,
+                        })
+                    })
+                    .collect();
+                format!("; reference rows {} by {version}", rows.join(", "))
             });
         let _ = writeln!(
             w,
@@ -196,8 +217,10 @@ fn render_setup(
          balance = balance + $1 WHERE id = $2` on one of 10,000 accounts; message ids are \
          random UUIDs. Consumers: {}, each a tokio task with its own connection, taking \
          deliveries from a shared counter; the clock runs from the moment all are connected \
-         until the last delivery is handled. Transient errors (serialization failures, \
-         deadlocks, `SQLITE_BUSY`) are retried at once and counted.",
+         until the last delivery is handled; a batch row takes the next run of consecutive \
+         deliveries at once. Transient errors (serialization failures, deadlocks, \
+         `SQLITE_BUSY`) are retried at once and counted. Each measurement checks that every \
+         new message was processed and credited once.",
         plan.messages,
         plan.consumers
             .iter()
@@ -258,25 +281,60 @@ fn render_goals(w: &mut String, plan: &Plan, runs: &[BackendRun]) {
          machine varies from one round to the next.",
     );
     line(w, "");
-    // What the database allows, to read (4) / (1) against.
-    let [bare, marker] = Script::ALL.map(|script| {
-        let reference = Variant::Reference {
+    // What the database allows, to read the library's ratios against.
+    for comparison in &COMPARISONS {
+        let [marker, bare] = comparison.reference.map(|script| Variant::Reference {
             backend: Backend::Postgres,
             script,
+        });
+        let reference = match (
+            postgres.find(marker, TARGET_CONSUMERS),
+            postgres.find(bare, TARGET_CONSUMERS),
+        ) {
+            (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).text,
+            _ => "not measured".to_owned(),
         };
-        postgres.find(reference, TARGET_CONSUMERS)
-    });
-    let reference = match (marker, bare) {
-        (Some(marker), Some(bare)) => measured_ratio(postgres, marker, bare).text,
-        _ => "not measured".to_owned(),
-    };
-    let _ = writeln!(
-        w,
-        "Reference for (4) / (1): (p2) / (p1), the same statements sent by pgbench from C \
-         in this run (less the `SELECT 1` in COMMIT's round trip): {reference}."
-    );
-    line(w, "");
+        let [numerator, denominator] = comparison.library;
+        let _ = writeln!(
+            w,
+            "Reference for {} / {}: {} / {}, {} sent by pgbench from C in this run (less \
+             the `SELECT 1` in COMMIT's round trip): {reference}.",
+            short(numerator),
+            short(denominator),
+            short(marker),
+            short(bare),
+            comparison.statements,
+        );
+        line(w, "");
+    }
 }
+
+/// A ratio of two of the harness's variants beside the ratio of the reference scripts
+/// that send the same statements.
+struct Comparison {
+    /// The library's variant, and the one without the inbox.
+    library: [Variant; 2],
+    /// The scripts with and without the markers.
+    reference: [Script; 2],
+    /// What the scripts send, as the report says it.
+    statements: &'static str,
+}
+
+const COMPARISONS: [Comparison; 2] = [
+    Comparison {
+        library: [Variant::Idempotent, Variant::Bare],
+        reference: [Script::MarkerInsert, Script::Bare],
+        statements: "the same statements",
+    },
+    Comparison {
+        library: [
+            Variant::Batch(Script::BATCH),
+            Variant::BareBatch(Script::BATCH),
+        ],
+        reference: [Script::MarkerBatch, Script::BareBatch],
+        statements: "the same batches",
+    },
+];
 
 /// `met` or `**missed**` as the median round's ratio is, adding how many rounds agree
 /// when not all of them do.
@@ -339,7 +397,9 @@ fn short(variant: Variant) -> String {
     let number = variant.number();
     match variant {
         Variant::Duplicates { percent } => format!("({number}, {percent}% dups)"),
-        Variant::Prefilled { rows } => format!("({number}, {})", count_label(rows)),
+        Variant::Prefilled { rows } | Variant::PruneUnderLoad { rows } => {
+            format!("({number}, {})", count_label(rows))
+        }
         _ => format!("({number})"),
     }
 }
@@ -458,6 +518,7 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
         }
     }
     line(w, "");
+    render_pruned(w, plan, run);
     render_reference(w, run);
     if !run.prefilled.is_empty() {
         line(w, "The pre-filled inbox's unique index:");
@@ -476,35 +537,92 @@ fn render_backend(w: &mut String, plan: &Plan, run: &BackendRun) {
     }
 }
 
-/// (4) / (1) at the target's consumer count beside what the backend's C client reaches
-/// with a marker insert in the same rounds, and the share of it that (4) keeps.
+/// The library's ratios at the target's consumer count beside what the backend's C
+/// client reaches with the same markers in the same rounds, and the share of it that the
+/// library keeps: (4) / (1) against the single marker insert, and where the client sends
+/// batches, the batch of 50 against the bare batch.
 fn render_reference(w: &mut String, run: &BackendRun) {
-    let [bare, marker] = Script::ALL.map(|script| Variant::Reference {
-        backend: run.backend,
-        script,
-    });
-    let find = |variant| run.find(variant, TARGET_CONSUMERS);
-    let (Some(library), Some(base), Some(marker), Some(bare)) = (
-        find(Variant::Idempotent),
-        find(Variant::Bare),
-        find(marker),
-        find(bare),
-    ) else {
+    for comparison in &COMPARISONS {
+        let [marker, bare] = comparison.reference.map(|script| Variant::Reference {
+            backend: run.backend,
+            script,
+        });
+        let [numerator, denominator] = comparison.library;
+        let find = |variant| run.find(variant, TARGET_CONSUMERS);
+        let (Some(library), Some(base), Some(marker), Some(bare)) =
+            (find(numerator), find(denominator), find(marker), find(bare))
+        else {
+            continue;
+        };
+        let library = measured_ratio(run, library, base);
+        let reference = measured_ratio(run, marker, bare);
+        let _ = writeln!(
+            w,
+            "At {TARGET_CONSUMERS} consumers, {} / {} is {}; {} / {}, the markers sent by \
+             {} in the same rounds, is {}: {} / {} is {:.2} of it.",
+            short(numerator),
+            short(denominator),
+            library.text,
+            short(marker.variant),
+            short(bare.variant),
+            reference_client(run.backend),
+            reference.text,
+            short(numerator),
+            short(denominator),
+            library.median / reference.median,
+        );
+        line(w, "");
+    }
+}
+
+/// What variant 8's prune did beside the consumers, in the median round at each
+/// consumer count: every old marker deleted, and whether it ran for all of the
+/// consumers' time (a prune that ends first leaves the rest of the run unloaded).
+fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
+    let Some(rows) = plan.prune else {
         return;
     };
-    let library = measured_ratio(run, library, base);
-    let reference = measured_ratio(run, marker, bare);
+    let variant = Variant::PruneUnderLoad { rows };
+    let mut lines = Vec::new();
+    for &consumers in &plan.consumers {
+        let Some(m) = run.find(variant, consumers) else {
+            continue;
+        };
+        let Some(pruned) = m.pruned else {
+            continue;
+        };
+        let (pruning, consuming) = (pruned.elapsed.as_secs_f64(), m.run.elapsed.as_secs_f64());
+        let overlap = if pruning >= consuming {
+            "for all of it".to_owned()
+        } else {
+            format!("for {:.0}% of it", 100.0 * pruning / consuming)
+        };
+        lines.push(format!(
+            "- {consumers} consumer(s): prune deleted {} old markers in {pruning:.1} s \
+             ({} transient failures repeated), {:.0} rows/s; the consumers ran {consuming:.1} s, \
+             pruned {overlap}.",
+            thousands(pruned.rows as f64),
+            pruned.retries,
+            pruned.rows as f64 / pruning,
+        ));
+    }
+    if lines.is_empty() {
+        return;
+    }
     let _ = writeln!(
         w,
-        "At {TARGET_CONSUMERS} consumers, (4) / (1) is {}; {} / {}, the marker insert sent by \
-         {} in the same rounds, is {}: (4) / (1) is {:.2} of it.",
-        library.text,
-        short(marker.variant),
-        short(bare.variant),
-        reference_client(run.backend),
-        reference.text,
-        library.median / reference.median,
+        "{}: one more connection calls `prune` with a 1-day window from the moment the \
+         consumers start until it has deleted the {} markers loaded {} days old before the \
+         measurement (median round); afterwards every message was credited once and only \
+         the consumers' markers were left:",
+        short(variant),
+        count_label(rows),
+        crate::runner::PRUNED_MARKERS_AGE_DAYS,
     );
+    line(w, "");
+    for item in lines {
+        line(w, &item);
+    }
     line(w, "");
 }
 
@@ -550,19 +668,31 @@ fn render_legend(w: &mut String) {
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \
-         `SELECT EXISTS` more, before BEGIN. (5) `#[idempotent]` where the given share of \
+         `SELECT EXISTS` more, before BEGIN. (4c) claim mode, `#[idempotent(claim)]`, for \
+         effects outside the database: the claim's insert commits, then the body runs in \
+         no transaction (a no-op external call, then the credit, autocommitted), then the \
+         completion's update commits: three commits per message. (5) `#[idempotent]` where the given share of \
          deliveries repeat messages already processed. (6) MassTransit's EF Core inbox \
          flow, on a table of its own modelled on its `InboxState`: insert the row and \
          commit, then a serializable transaction that locks the row with `SELECT … FOR \
          UPDATE` (`BEGIN IMMEDIATE` on SQLite), credits and sets its `consumed_at`. (7) \
-         `#[idempotent]` over an inbox already holding that many markers. The reference \
+         `#[idempotent]` over an inbox already holding that many markers. (8) (4)'s \
+         deliveries while one more connection runs `prune` over that many markers, loaded \
+         two days old before the measurement, until it has deleted them all. (b10), (b50), \
+         (b100) `#[idempotent(batch = …)]` over that many consecutive deliveries per call, \
+         in one transaction: the markers in one insert (PostgreSQL) or inserts of up to \
+         64 (MySQL, SQLite), then the batch's credits summed by account in one `UPDATE` \
+         that takes the accounts in ascending order; (bb10), (bb50), (bb100) the same \
+         `UPDATE` in a transaction of its own, without the inbox. The reference \
          rows, where the backend's C client is on PATH: `BEGIN`, the credit, `COMMIT` \
          (p1, m1, s1), and the same with the marker insert after `BEGIN` (p2, m2, s2), each \
          statement on its own, one client per consumer on the run's own tables, in every \
          round beside the variants: pgbench (`-M prepared`) on PostgreSQL, mariadb-slap \
          (text queries; the account drawn by the server) on MySQL/MariaDB, sqlite3 shells \
-         (WAL, `synchronous = FULL`) on SQLite. Their ratio is what the database allows a \
-         marker insert without diesel or the harness; their diagnostics are left empty.",
+         (WAL, `synchronous = FULL`) on SQLite; on PostgreSQL also batches of 50, bare \
+         (pb1) and with one `INSERT` of 50 markers (pb2). Their ratio is what the database \
+         allows a marker insert without diesel or the harness; their diagnostics are left \
+         empty.",
         "**vs (1)**: throughput relative to (1) at the same consumer count; with several \
          rounds, the median of the ratios within each round.",
         "**statements/msg**: statements the consumers sent per delivery, BEGIN and COMMIT \

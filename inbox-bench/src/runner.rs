@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use diesel::connection::{Instrumentation, InstrumentationEvent};
-use diesel_inbox::{Outcome, classify};
+use diesel_inbox::classify;
 use indicatif::ProgressBar;
 use tokio::sync::Barrier;
 
 use crate::connection::BenchConnection;
-use crate::handlers;
+use crate::handlers::{self, Handled};
 use crate::variant::Variant;
-use crate::workload::Workload;
+use crate::workload::{Delivery, Workload};
 
 /// Attempts of one delivery that fail with a transient error (a serialization failure,
 /// a deadlock, `SQLITE_BUSY`) before the measurement is abandoned.
@@ -109,8 +109,9 @@ pub async fn drive<C: BenchConnection>(
     Ok((run, connections))
 }
 
-/// One consumer: takes the next delivery until none is left. A transient error is
-/// retried at once, as a broker's redelivery would be; any other error ends the run.
+/// One consumer: takes the next delivery (a batch variant the next batch of them) until
+/// none is left. A transient error is retried at once, as a broker's redelivery would
+/// be; any other error ends the run.
 async fn consume<C: BenchConnection>(
     conn: &mut C,
     variant: Variant,
@@ -119,25 +120,32 @@ async fn consume<C: BenchConnection>(
     bar: &ProgressBar,
 ) -> anyhow::Result<Tally> {
     let mut tally = Tally::default();
+    let per_call = variant.messages_per_call();
     loop {
-        let n = next.fetch_add(1, Ordering::Relaxed);
-        if n >= workload.deliveries {
+        let first = next.fetch_add(per_call, Ordering::Relaxed);
+        if first >= workload.deliveries {
             return Ok(tally);
         }
-        let delivery = workload.delivery(n);
+        let numbers = first..(first + per_call).min(workload.deliveries);
+        let deliveries: Vec<Delivery> = numbers.clone().map(|n| workload.delivery(n)).collect();
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match handlers::handle(variant, conn, &delivery).await {
-                Ok(Outcome::Processed(())) => tally.processed += 1,
-                Ok(Outcome::Duplicate) => tally.duplicates += 1,
+            match handlers::handle(variant, conn, &deliveries).await {
+                Ok(Handled::Settled {
+                    processed,
+                    duplicates,
+                }) => {
+                    tally.processed += processed;
+                    tally.duplicates += duplicates;
+                }
                 // Another delivery holds the claim: delivered again, as a broker would.
-                Ok(Outcome::InProgress { .. }) if attempts < MAX_ATTEMPTS => {
+                Ok(Handled::InProgress) if attempts < MAX_ATTEMPTS => {
                     tally.retries += 1;
                     continue;
                 }
-                Ok(Outcome::InProgress { .. }) => bail!(
-                    "{} found delivery {n} ({delivery:?}) claimed elsewhere {attempts} times",
+                Ok(Handled::InProgress) => bail!(
+                    "{} found deliveries {numbers:?} claimed elsewhere {attempts} times",
                     variant.label()
                 ),
                 Err(error) if classify(&error).is_retryable() && attempts < MAX_ATTEMPTS => {
@@ -145,12 +153,79 @@ async fn consume<C: BenchConnection>(
                     continue;
                 }
                 Err(error) => bail!(
-                    "{} failed on delivery {n} ({delivery:?}) after {attempts} attempt(s): {error}",
-                    variant.label()
+                    "{} failed on deliveries {numbers:?} ({:?}) after {attempts} attempt(s): {error}",
+                    variant.label(),
+                    deliveries.first()
                 ),
             }
             break;
         }
-        bar.inc(1);
+        bar.inc(deliveries.len() as u64);
+    }
+}
+
+/// How old the markers variant 8 prunes are, and the window it keeps: every marker the
+/// consumers insert is inside it.
+pub const PRUNED_MARKERS_AGE_DAYS: u32 = 2;
+const PRUNE_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// What the prune beside the consumers did.
+#[derive(Debug, Clone, Copy)]
+pub struct Pruned {
+    pub rows: u64,
+    /// From the start signal until the last old marker was deleted.
+    pub elapsed: Duration,
+    /// `prune` calls that failed with a transient error and were repeated.
+    pub retries: u64,
+}
+
+/// `diesel_inbox::prune` on a connection of its own, called until it has deleted the
+/// old markers, started together with the consumers.
+pub struct PruneTask {
+    start: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<Pruned>>,
+}
+
+impl PruneTask {
+    /// Spawns the task, which waits for [`PruneTask::start`] to delete `rows` markers.
+    pub fn spawn<C: BenchConnection>(mut conn: C, rows: u64) -> Self {
+        let (start, started) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            started.await.context("the measurement was abandoned")?;
+            let clock = Instant::now();
+            let (mut deleted, mut retries) = (0, 0);
+            while deleted < rows {
+                match diesel_inbox::prune(&mut conn, PRUNE_WINDOW).await {
+                    Ok(0) => bail!("prune found no old marker left after {deleted} of {rows}"),
+                    Ok(batch) => deleted += batch,
+                    Err(error) if classify(&error).is_retryable() && retries < MAX_ATTEMPTS => {
+                        retries += 1;
+                    }
+                    Err(error) => bail!("prune failed after {deleted} of {rows}: {error}"),
+                }
+            }
+            Ok(Pruned {
+                rows: deleted,
+                elapsed: clock.elapsed(),
+                retries: retries.into(),
+            })
+        });
+        Self { start, task }
+    }
+
+    pub fn start(self) -> StartedPrune {
+        // A send fails only if the task ended already; `finish` says why.
+        let _ = self.start.send(());
+        StartedPrune(self.task)
+    }
+}
+
+/// A [`PruneTask`] under way.
+pub struct StartedPrune(tokio::task::JoinHandle<anyhow::Result<Pruned>>);
+
+impl StartedPrune {
+    /// Waits for the prune to delete every old marker.
+    pub async fn finish(self) -> anyhow::Result<Pruned> {
+        self.0.await.context("the prune task panicked")?
     }
 }

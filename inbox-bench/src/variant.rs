@@ -5,6 +5,26 @@
 use crate::backend::Backend;
 use crate::workload::Workload;
 
+/// How many messages a batch row applies in one transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BatchSize {
+    Ten,
+    Fifty,
+    Hundred,
+}
+
+impl BatchSize {
+    pub const ALL: [Self; 3] = [Self::Ten, Self::Fifty, Self::Hundred];
+
+    pub fn messages(self) -> u64 {
+        match self {
+            Self::Ten => 10,
+            Self::Fifty => 50,
+            Self::Hundred => 100,
+        }
+    }
+}
+
 /// What a reference row's C client sends in each transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Script {
@@ -14,17 +34,53 @@ pub enum Script {
     /// rest of what (4) sends (PostgreSQL's `SELECT 1`, MySQL's session variables and
     /// savepoint, SQLite's savepoint).
     MarkerInsert,
+    /// (pb1) `BEGIN; UPDATE of 50 accounts; COMMIT`: the bare batch of 50's statements.
+    BareBatch,
+    /// (pb2) `BEGIN; INSERT 50 markers … RETURNING; UPDATE of 50 accounts; COMMIT`: what
+    /// a batch of 50 sends, less the `SELECT 1` in COMMIT's round trip.
+    MarkerBatch,
 }
 
 impl Script {
-    pub const ALL: [Self; 2] = [Self::Bare, Self::MarkerInsert];
+    /// One message per transaction: every client has these.
+    pub const SINGLE: [Self; 2] = [Self::Bare, Self::MarkerInsert];
+    /// A batch of [`Script::BATCH`] messages per transaction: pgbench only.
+    pub const BATCHES: [Self; 2] = [Self::BareBatch, Self::MarkerBatch];
+    /// The batch size of the batch scripts, as of the batch target.
+    pub const BATCH: BatchSize = BatchSize::Fifty;
+
+    /// The scripts `backend`'s client runs, in report order.
+    pub fn on(backend: Backend) -> &'static [Self] {
+        match backend {
+            Backend::Postgres => &[
+                Self::Bare,
+                Self::MarkerInsert,
+                Self::BareBatch,
+                Self::MarkerBatch,
+            ],
+            Backend::Mysql | Backend::Sqlite => &Self::SINGLE,
+        }
+    }
 
     /// Statements per transaction, each a round trip of its own.
     pub fn statements(self) -> u64 {
         match self {
-            Self::Bare => 3,
-            Self::MarkerInsert => 4,
+            Self::Bare | Self::BareBatch => 3,
+            Self::MarkerInsert | Self::MarkerBatch => 4,
         }
+    }
+
+    /// Messages each transaction credits (and marks).
+    pub fn messages(self) -> u64 {
+        match self {
+            Self::Bare | Self::MarkerInsert => 1,
+            Self::BareBatch | Self::MarkerBatch => Self::BATCH.messages(),
+        }
+    }
+
+    /// Whether each transaction inserts its messages' markers.
+    pub fn marks(self) -> bool {
+        matches!(self, Self::MarkerInsert | Self::MarkerBatch)
     }
 }
 
@@ -49,12 +105,24 @@ pub enum Variant {
     Idempotent,
     /// (4b) `#[idempotent(fast_path = true)]`: what always reading first costs.
     IdempotentReadingFirst,
+    /// (4c) `#[idempotent(claim)]`: the claim committed, then the body outside any
+    /// transaction (a no-op external call, then the credit, autocommitted), then the
+    /// completion.
+    Claimed,
     /// (5) `#[idempotent]` where `percent` of the deliveries are redeliveries.
     Duplicates { percent: u64 },
     /// (6) MassTransit's EF Core inbox: insert and commit, then lock, handle, consume.
     PeerFlow,
     /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
     Prefilled { rows: u64 },
+    /// (8) (4)'s deliveries while one more connection prunes `rows` old markers, loaded
+    /// before the measurement.
+    PruneUnderLoad { rows: u64 },
+    /// (b10, b50, b100) `#[idempotent(batch = …)]`: a batch of messages per transaction,
+    /// their credits in one statement.
+    Batch(BatchSize),
+    /// (bb10, bb50, bb100) the same credits in the same transactions, without the inbox.
+    BareBatch(BatchSize),
     /// (p1, p2) by pgbench on PostgreSQL, (m1, m2) by mariadb-slap on MySQL/MariaDB,
     /// (s1, s2) by the sqlite3 shell on SQLite: the database without diesel or the
     /// harness.
@@ -63,22 +131,32 @@ pub enum Variant {
 
 impl Variant {
     /// The variants measured on a freshly emptied inbox, in report order.
-    pub const EMPTY_INBOX: [Self; 8] = [
+    pub const EMPTY_INBOX: [Self; 15] = [
         Self::Bare,
         Self::Naive,
         Self::HandWritten,
         Self::Idempotent,
         Self::IdempotentReadingFirst,
+        Self::Claimed,
         Self::Duplicates { percent: 50 },
         Self::Duplicates { percent: 100 },
         Self::PeerFlow,
+        Self::Batch(BatchSize::Ten),
+        Self::Batch(BatchSize::Fifty),
+        Self::Batch(BatchSize::Hundred),
+        Self::BareBatch(BatchSize::Ten),
+        Self::BareBatch(BatchSize::Fifty),
+        Self::BareBatch(BatchSize::Hundred),
     ];
 
     /// Every variant's number, as [`Variant::number`] gives it, in report order.
     pub fn numbers() -> Vec<&'static str> {
         let mut numbers: Vec<&'static str> = Self::EMPTY_INBOX
             .into_iter()
-            .chain([Self::Prefilled { rows: 0 }])
+            .chain([
+                Self::PruneUnderLoad { rows: 0 },
+                Self::Prefilled { rows: 0 },
+            ])
             .chain(Self::references())
             .map(Self::number)
             .collect();
@@ -88,9 +166,11 @@ impl Variant {
 
     /// Every backend's reference rows, in report order.
     pub fn references() -> impl Iterator<Item = Self> {
-        Backend::ALL
-            .into_iter()
-            .flat_map(|backend| Script::ALL.map(|script| Self::Reference { backend, script }))
+        Backend::ALL.into_iter().flat_map(|backend| {
+            Script::on(backend)
+                .iter()
+                .map(move |&script| Self::Reference { backend, script })
+        })
     }
 
     /// The number the report gives this variant: `4b`, `p1`. Both shares of
@@ -102,9 +182,21 @@ impl Variant {
             Self::HandWritten => "3",
             Self::Idempotent => "4",
             Self::IdempotentReadingFirst => "4b",
+            Self::Claimed => "4c",
             Self::Duplicates { .. } => "5",
             Self::PeerFlow => "6",
             Self::Prefilled { .. } => "7",
+            Self::PruneUnderLoad { .. } => "8",
+            Self::Batch(size) => match size {
+                BatchSize::Ten => "b10",
+                BatchSize::Fifty => "b50",
+                BatchSize::Hundred => "b100",
+            },
+            Self::BareBatch(size) => match size {
+                BatchSize::Ten => "bb10",
+                BatchSize::Fifty => "bb50",
+                BatchSize::Hundred => "bb100",
+            },
             Self::Reference { backend, script } => match (backend, script) {
                 (Backend::Postgres, Script::Bare) => "p1",
                 (Backend::Postgres, Script::MarkerInsert) => "p2",
@@ -112,6 +204,11 @@ impl Variant {
                 (Backend::Mysql, Script::MarkerInsert) => "m2",
                 (Backend::Sqlite, Script::Bare) => "s1",
                 (Backend::Sqlite, Script::MarkerInsert) => "s2",
+                (Backend::Postgres, Script::BareBatch) => "pb1",
+                (Backend::Postgres, Script::MarkerBatch) => "pb2",
+                (Backend::Mysql | Backend::Sqlite, Script::BareBatch | Script::MarkerBatch) => {
+                    unreachable!("only pgbench sends the batch scripts (Script::on)")
+                }
             },
         }
     }
@@ -123,16 +220,32 @@ impl Variant {
             Self::HandWritten => "hand-written inbox SQL".to_owned(),
             Self::Idempotent => "#[idempotent]".to_owned(),
             Self::IdempotentReadingFirst => "#[idempotent], fast_path = true".to_owned(),
+            Self::Claimed => "#[idempotent(claim)], no-op external call".to_owned(),
             Self::Duplicates { percent } => format!("#[idempotent], {percent}% duplicates"),
             Self::PeerFlow => "peer flow (two transactions)".to_owned(),
             Self::Prefilled { rows } => {
                 format!("#[idempotent], {} rows in inbox", count_label(rows))
             }
+            Self::PruneUnderLoad { rows } => format!(
+                "#[idempotent] while prune deletes {} old markers",
+                count_label(rows)
+            ),
+            Self::Batch(size) => {
+                format!("#[idempotent(batch)], {} per transaction", size.messages())
+            }
+            Self::BareBatch(size) => format!("bare batch of {}, no inbox", size.messages()),
             Self::Reference { backend, script } => {
                 let client = reference_client(backend);
                 match script {
                     Script::Bare => format!("{client}: bare transaction"),
                     Script::MarkerInsert => format!("{client}: marker insert + bare"),
+                    Script::BareBatch => {
+                        format!("{client}: bare batch of {}", Script::BATCH.messages())
+                    }
+                    Script::MarkerBatch => format!(
+                        "{client}: {} markers + bare batch",
+                        Script::BATCH.messages()
+                    ),
                 }
             }
         };
@@ -146,6 +259,15 @@ impl Variant {
             _ => 0,
         };
         Workload::new(seed, deliveries, duplicate_percent)
+    }
+
+    /// Messages handled in one call of the handler, in one transaction.
+    pub fn messages_per_call(self) -> u64 {
+        match self {
+            Self::Batch(size) | Self::BareBatch(size) => size.messages(),
+            Self::Reference { script, .. } => script.messages(),
+            _ => 1,
+        }
     }
 }
 
