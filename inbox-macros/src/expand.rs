@@ -48,11 +48,15 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // so the body can only reach the transaction's connection.
     // A claim-mode body runs outside the transaction it is named for, and most make
     // their external call without touching the connection.
-    let unused_connection = claim.is_some().then(|| quote!(#[allow(unused_variables)]));
+    // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
+    // reject.
+    let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
     let messages = crate::batch::closure_parameter(batch.as_ref());
-    let closure = quote!(
-        async |#unused_connection #conn_mut #conn #messages| -> #closure_result {
-            #fake_return #(#borrows)* #body
+    // Spanned at the declared return type: rustc's "this function returns a `Result`",
+    // beside an error in the body such as `?` on an `Option`, then points there.
+    let closure = quote_spanned!(result_span=>
+        async |#conn_mut #conn #messages| -> #closure_result {
+            #fake_return #unused_connection #(#borrows)* #body
         }
     );
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
@@ -157,6 +161,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         None => quote!(#krate::Outcome<#ok>),
         Some(_) => quote!(#krate::BatchOutcome<#ok>),
     };
+    // At the expansion's place, not the declared return type's: rustc suggests bounds
+    // right after a return type, and at the user's tokens the trait default check
+    // below would be answered with "consider `where Self: Sized`", which defeats it.
     function.sig.output = parse_quote!(-> ::core::result::Result<#outcome, #err>);
     quote!(#function)
 }
@@ -246,11 +253,16 @@ fn consumer_claim(consumer: &LitStr) -> TokenStream {
         ),
         consumer.span(),
     );
+    // In a module of its own: `non_local_definitions` checks the items of a function's
+    // body, but not those of a module inside it, so the claim needs no `allow`, which a
+    // user's `forbid` would reject (E0453).
+    let module = Ident::new("__inbox_consumer_claim", Span::mixed_site());
     quote_spanned! {consumer.span()=>
-        #[doc(hidden)]
-        #[allow(non_local_definitions)]
-        #[macro_export]
-        macro_rules! #name { () => {}; }
+        mod #module {
+            #[doc(hidden)]
+            #[macro_export]
+            macro_rules! #name { () => {}; }
+        }
     }
 }
 
