@@ -116,8 +116,17 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
+    let borrow = connection_borrow(&krate, &conn, connection_type(&function.sig, &conn));
     let run = if let Some(batch) = &batch {
-        crate::batch::expand_run(batch, &krate, &conn, &registration, &into_error, &closure)
+        crate::batch::expand_run(
+            batch,
+            &krate,
+            &conn,
+            &borrow,
+            &registration,
+            &into_error,
+            &closure,
+        )
     } else {
         let run = {
             let krate = at(&krate, conn.span());
@@ -128,7 +137,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             };
             quote_spanned!(conn.span()=>
                 #run(
-                    #krate::__private::ConnectionParameter::borrow(#conn),
+                    #borrow,
                     &#registration,
                     #message_id,
                     #mode_value,
@@ -187,6 +196,60 @@ fn claim_policy(krate: &syn::Path, settings: &ClaimSettings) -> TokenStream {
     };
     let takeover = settings.takeover;
     quote!(#krate::__private::ClaimPolicy::new(#lease, #max_attempts, #takeover))
+}
+
+/// The type of the connection parameter, as written.
+fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
+    sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_ref() {
+            Pat::Ident(pat) if pat.ident == *conn => Some(typed.ty.as_ref()),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// The `&mut` borrow `run` takes. A parameter not written as `&mut` is named by its type,
+/// spanned there: a connection taken by value is then reported at that type, where
+/// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
+/// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).
+fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> TokenStream {
+    match ty.map(ungroup) {
+        Some(Type::Reference(reference)) if reference.mutability.is_some() => {
+            let krate = at(krate, conn.span());
+            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#conn))
+        }
+        Some(ty) => {
+            // Every token at one place, so that the bound's two checks (the path's and
+            // the call's) report one error there, not two of different extents.
+            let span = ty.span();
+            let ty = respanned(quote!(#ty), span);
+            let krate = at(krate, span);
+            quote_spanned!(span=>
+                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#conn)
+            )
+        }
+        None => unreachable!("validation found the connection parameter"),
+    }
+}
+
+/// `tokens`, each of them, in groups too, placed at `span`.
+fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|token| match token {
+            TokenTree::Group(group) => {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
+                inner.set_span(span);
+                TokenTree::Group(inner)
+            }
+            mut token => {
+                token.set_span(span);
+                token
+            }
+        })
+        .collect()
 }
 
 /// Moves a `mut` from the connection parameter to the closure's parameter, which is

@@ -155,7 +155,9 @@ use quote::ToTokens;
 ///     // In claim mode, `run_claimed`, with `mode` the claim's settings:
 ///     // `{ let lease: Duration = …; ClaimPolicy::new(Some(lease), Some(max), takeover) }`.
 ///     diesel_inbox::__private::run(
-///         // Takes the `&mut` borrow; a connection taken by value is reported here.
+///         // Takes the `&mut` borrow. A parameter not written `&mut` is named by its type,
+///         // `<Object<AsyncPgConnection> as ConnectionParameter<'_>>::borrow(conn)`, so
+///         // that a connection taken by value is reported at that type.
 ///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
 ///         &HANDLER,
 ///         message_id,
@@ -242,7 +244,8 @@ use quote::ToTokens;
 /// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a
 /// batch `key` that is not a one-parameter closure, or `fast_path` beside `batch`; `conn` naming no
 /// parameter, or no connection parameter found, or several `&mut` candidates; a
-/// connection taken by value (at the parameter); a body naming the connection's
+/// connection taken by value (at its type, where rustc suggests the `&mut`, or at an
+/// `impl Trait` taken by value); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
 /// without `From<diesel::result::Error>` (at the error type in the signature); a trait's
 /// default method, whose consumer every implementor would share (at the consumer;
