@@ -93,15 +93,19 @@ fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> O
         errors.spanned(value, message);
         return None;
     };
-    let is_parameter = function.sig.inputs.iter().any(|input| {
-        matches!(input, FnArg::Typed(typed)
-            if matches!(typed.pat.as_ref(), Pat::Ident(pat) if pat.ident == *name))
+    // The parameter's own name, placed in the signature: what is wrong with its type is
+    // reported there.
+    let parameter = function.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_ref() {
+            Pat::Ident(pat) if pat.ident == *name => Some(pat.ident.clone()),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
     });
-    if !is_parameter {
+    if parameter.is_none() {
         errors.spanned(name, format!("`{name}` is not a parameter of this handler"));
-        return None;
     }
-    Some(name.clone())
+    parameter
 }
 
 /// The closure's parameter after the connection: the new messages, under the batch
@@ -119,6 +123,7 @@ pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
     conn: &Ident,
+    borrow: &TokenStream,
     registration: &Ident,
     into_error: &TokenStream,
     closure: &TokenStream,
@@ -128,13 +133,20 @@ pub(crate) fn expand_run(
         key_input,
         key_body,
     } = batch;
+    // Spanned at the parameter in the signature, so that one that is no batch is
+    // reported there, once.
+    let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
+    let messages_slice = {
+        let krate = at(krate, messages.span());
+        quote_spanned!(messages.span()=> #krate::__private::batch_messages(&#messages))
+    };
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
     // Spanned at the key, so that a key without `InboxKey` is reported there. The key is
     // borrowed, as in the single form, so `|msg| msg.message_id` needs no `.clone()`.
     let keys = {
         let krate = at(krate, key_body.span());
         quote_spanned!(key_body.span()=>
-            #krate::__private::batch_keys(#krate::__private::batch_messages(&#messages), |#key_input| {
+            #krate::__private::batch_keys(#slice, |#key_input| {
                 #krate::InboxKey::encode(&(#key_body))
             })
         )
@@ -143,9 +155,9 @@ pub(crate) fn expand_run(
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
             #krate::__private::run_batch(
-                #krate::__private::ConnectionParameter::borrow(#conn),
+                #borrow,
                 &#registration,
-                #krate::__private::batch_messages(&#messages),
+                #slice,
                 #message_ids,
                 #into_error,
                 #closure,
@@ -154,6 +166,7 @@ pub(crate) fn expand_run(
         )
     };
     quote! {
+        let #slice = #messages_slice;
         let #message_ids = #keys;
         #run
     }

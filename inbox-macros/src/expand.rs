@@ -48,11 +48,15 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // so the body can only reach the transaction's connection.
     // A claim-mode body runs outside the transaction it is named for, and most make
     // their external call without touching the connection.
-    let unused_connection = claim.is_some().then(|| quote!(#[allow(unused_variables)]));
+    // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
+    // reject.
+    let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
     let messages = crate::batch::closure_parameter(batch.as_ref());
-    let closure = quote!(
-        async |#unused_connection #conn_mut #conn #messages| -> #closure_result {
-            #fake_return #(#borrows)* #body
+    // Spanned at the declared return type: rustc's "this function returns a `Result`",
+    // beside an error in the body such as `?` on an `Option`, then points there.
+    let closure = quote_spanned!(result_span=>
+        async |#conn_mut #conn #messages| -> #closure_result {
+            #fake_return #unused_connection #(#borrows)* #body
         }
     );
     let message_id = format_ident!("__inbox_message_id", span = Span::mixed_site());
@@ -112,8 +116,17 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
+    let borrow = connection_borrow(&krate, &conn, connection_type(&function.sig, &conn));
     let run = if let Some(batch) = &batch {
-        crate::batch::expand_run(batch, &krate, &conn, &registration, &into_error, &closure)
+        crate::batch::expand_run(
+            batch,
+            &krate,
+            &conn,
+            &borrow,
+            &registration,
+            &into_error,
+            &closure,
+        )
     } else {
         let run = {
             let krate = at(&krate, conn.span());
@@ -124,7 +137,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             };
             quote_spanned!(conn.span()=>
                 #run(
-                    #krate::__private::ConnectionParameter::borrow(#conn),
+                    #borrow,
                     &#registration,
                     #message_id,
                     #mode_value,
@@ -157,6 +170,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         None => quote!(#krate::Outcome<#ok>),
         Some(_) => quote!(#krate::BatchOutcome<#ok>),
     };
+    // At the expansion's place, not the declared return type's: rustc suggests bounds
+    // right after a return type, and at the user's tokens the trait default check
+    // below would be answered with "consider `where Self: Sized`", which defeats it.
     function.sig.output = parse_quote!(-> ::core::result::Result<#outcome, #err>);
     quote!(#function)
 }
@@ -180,6 +196,60 @@ fn claim_policy(krate: &syn::Path, settings: &ClaimSettings) -> TokenStream {
     };
     let takeover = settings.takeover;
     quote!(#krate::__private::ClaimPolicy::new(#lease, #max_attempts, #takeover))
+}
+
+/// The type of the connection parameter, as written.
+fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
+    sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_ref() {
+            Pat::Ident(pat) if pat.ident == *conn => Some(typed.ty.as_ref()),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// The `&mut` borrow `run` takes. A parameter not written as `&mut` is named by its type,
+/// spanned there: a connection taken by value is then reported at that type, where
+/// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
+/// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).
+fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> TokenStream {
+    match ty.map(ungroup) {
+        Some(Type::Reference(reference)) if reference.mutability.is_some() => {
+            let krate = at(krate, conn.span());
+            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#conn))
+        }
+        Some(ty) => {
+            // Every token at one place, so that the bound's two checks (the path's and
+            // the call's) report one error there, not two of different extents.
+            let span = ty.span();
+            let ty = respanned(quote!(#ty), span);
+            let krate = at(krate, span);
+            quote_spanned!(span=>
+                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#conn)
+            )
+        }
+        None => unreachable!("validation found the connection parameter"),
+    }
+}
+
+/// `tokens`, each of them, in groups too, placed at `span`.
+fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|token| match token {
+            TokenTree::Group(group) => {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
+                inner.set_span(span);
+                TokenTree::Group(inner)
+            }
+            mut token => {
+                token.set_span(span);
+                token
+            }
+        })
+        .collect()
 }
 
 /// Moves a `mut` from the connection parameter to the closure's parameter, which is
@@ -246,11 +316,16 @@ fn consumer_claim(consumer: &LitStr) -> TokenStream {
         ),
         consumer.span(),
     );
+    // In a module of its own: `non_local_definitions` checks the items of a function's
+    // body, but not those of a module inside it, so the claim needs no `allow`, which a
+    // user's `forbid` would reject (E0453).
+    let module = Ident::new("__inbox_consumer_claim", Span::mixed_site());
     quote_spanned! {consumer.span()=>
-        #[doc(hidden)]
-        #[allow(non_local_definitions)]
-        #[macro_export]
-        macro_rules! #name { () => {}; }
+        mod #module {
+            #[doc(hidden)]
+            #[macro_export]
+            macro_rules! #name { () => {}; }
+        }
     }
 }
 

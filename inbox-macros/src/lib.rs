@@ -129,9 +129,13 @@ use quote::ToTokens;
 ///     // Claims the consumer name: a second handler named "credit" in the crate fails
 ///     // with E0428, "the name `diesel_inbox_consumer_used_twice__credit` is defined
 ///     // multiple times". Separators become `_`, listed after a last `_`:
-///     // "kafka/orders:v1" claims `…used_twice__kafka_orders_v1_sc`.
-///     #[macro_export]
-///     macro_rules! diesel_inbox_consumer_used_twice__credit { () => {}; }
+///     // "kafka/orders:v1" claims `…used_twice__kafka_orders_v1_sc`. In a module of its
+///     // own, which `non_local_definitions` does not look into, so that no `allow` is
+///     // needed.
+///     mod __inbox_consumer_claim {
+///         #[macro_export]
+///         macro_rules! diesel_inbox_consumer_used_twice__credit { () => {}; }
+///     }
 ///
 ///     // Lists the handler for `diesel_inbox::check_consumers`, which finds consumer
 ///     // names shared across crates at start-up.
@@ -151,7 +155,9 @@ use quote::ToTokens;
 ///     // In claim mode, `run_claimed`, with `mode` the claim's settings:
 ///     // `{ let lease: Duration = …; ClaimPolicy::new(Some(lease), Some(max), takeover) }`.
 ///     diesel_inbox::__private::run(
-///         // Takes the `&mut` borrow; a connection taken by value is reported here.
+///         // Takes the `&mut` borrow. A parameter not written `&mut` is named by its type,
+///         // `<Object<AsyncPgConnection> as ConnectionParameter<'_>>::borrow(conn)`, so
+///         // that a connection taken by value is reported at that type.
 ///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
 ///         &HANDLER,
 ///         message_id,
@@ -162,8 +168,10 @@ use quote::ToTokens;
 ///         // Not `move`: the parameters stay the handler's. `conn` here is the
 ///         // transaction's connection, shadowing the parameter; a `mut` written on the
 ///         // parameter moves here, to the binding the body can reassign. In claim mode
-///         // it is the connection itself, outside any transaction, under
-///         // `#[allow(unused_variables)]`: most claim bodies never use it.
+///         // it is the connection itself, outside any transaction, and the closure's
+///         // body starts with `let _ = &conn;`: most claim bodies never use it. The
+///         // closure is placed at the declared return type, where rustc's "this function
+///         // returns a `Result`" then points.
 ///         async |conn| -> Result<(), AppError> {
 ///             // Never taken: makes rustc check the body against the declared return
 ///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
@@ -190,6 +198,14 @@ use quote::ToTokens;
 ///     .await
 /// }
 /// ```
+///
+/// The rewritten return type stands at the attribute, not at the declared one: rustc
+/// suggests bounds right after a return type, and would answer the trait default check
+/// below with "consider `where Self: Sized`". So where rustc quotes the return type, as
+/// `async_fn_in_trait`'s suggestion does for a handler that is a default method of a
+/// public trait with `Self: Sized`, it quotes the attribute. The batch form binds
+/// `batch_messages(&msgs)`, placed at the parameter in the signature, once, and passes
+/// its keys and the closure to `run_batch`.
 ///
 /// `run` refuses a connection already inside a transaction (but for a test transaction,
 /// where it sets a savepoint instead), takes the fast path if it is on, then begins a
@@ -228,7 +244,8 @@ use quote::ToTokens;
 /// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a
 /// batch `key` that is not a one-parameter closure, or `fast_path` beside `batch`; `conn` naming no
 /// parameter, or no connection parameter found, or several `&mut` candidates; a
-/// connection taken by value (at the parameter); a body naming the connection's
+/// connection taken by value (at its type, where rustc suggests the `&mut`, or at an
+/// `impl Trait` taken by value); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
 /// without `From<diesel::result::Error>` (at the error type in the signature); a trait's
 /// default method, whose consumer every implementor would share (at the consumer;
@@ -241,19 +258,20 @@ use quote::ToTokens;
 /// arguments use.
 ///
 /// The body is the body of an async closure, so rustc says "async closure" where it
-/// would say "async fn", as in "the `?` operator can only be used on `Result`s, not
-/// `Option`s, in an async closure that returns `Result`".
+/// would say "async function", as in "the `?` operator can only be used on `Result`s,
+/// not `Option`s, in an async closure that returns `Result`"; the error is at the `?`,
+/// names the declared `Result<T, E>`, and "this function returns a `Result`" points at
+/// the declared return type. (Only an `async fn` of its own would change the wording,
+/// and the body could not reach the handler's parameters from one.)
 ///
 /// # Lints
 ///
-/// The consumer's claim is a `#[macro_export]` macro inside the handler, under
-/// `#[allow(non_local_definitions)]`: only a crate-root name makes a second use of the
-/// consumer a `cargo check` error, and the attribute cannot tell a free function, where
-/// the claim could stand beside it, from an associated function, where it could not. A
-/// crate with `#![forbid(non_local_definitions)]` therefore gets E0453 at each consumer,
-/// and one with `#![forbid(warnings)]` a future-incompatibility warning (as for the
-/// `allow` inside `inventory::submit!`, which registers the handler); use `deny`, which
-/// an `allow` can override, instead.
+/// The expansion writes no `allow`, so a crate's `forbid` of any lint, such as
+/// `#![forbid(non_local_definitions)]`, holds for handlers too. One remains that is not
+/// the attribute's: `inventory::submit!`, which registers the handler, puts
+/// `#[allow(non_upper_case_globals)]` on its item, and under `#![forbid(warnings)]` rustc
+/// reports that `allow` as a future-incompatibility warning (`forbidden_lint_groups`),
+/// not an error. `#![deny(warnings)]` is quiet.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {

@@ -257,6 +257,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     let conn = connection_parameter(conn, function, &mut errors);
     if let Some(conn) = &conn {
         connection_lifetime_unnamed(conn, function, &mut errors);
+        connection_not_opaque(conn, function, &mut errors);
     }
 
     let uses = uses();
@@ -664,6 +665,30 @@ fn connection_lifetime_unnamed(conn: &Ident, function: &ItemFn, errors: &mut Err
                  `{conn}`, which is shorter than `{lifetime}`; write `'_` or leave the \
                  lifetime out"
             ),
+        );
+    }
+}
+
+/// A connection taken by value is reported at its type, which the expansion names; an
+/// `impl Trait` there cannot be named, so it is reported here.
+fn connection_not_opaque(conn: &Ident, function: &ItemFn, errors: &mut Errors) {
+    let by_value = function.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match (typed.pat.as_ref(), ungroup(&typed.ty)) {
+            (Pat::Ident(pat), Type::Reference(reference))
+                if pat.ident == *conn && reference.mutability.is_some() =>
+            {
+                None
+            }
+            (Pat::Ident(pat), ty) if pat.ident == *conn => Some(ty),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    if let Some(ty) = by_value.filter(|ty| find_impl(ty.to_token_stream()).is_some()) {
+        errors.spanned(
+            ty,
+            "the connection parameter of an `#[idempotent]` handler must be a `&mut` borrow: \
+             write `&mut impl …`",
         );
     }
 }

@@ -141,10 +141,34 @@ impl Disposition {
     }
 }
 
-/// The messages of a batch parameter: a slice, an array, a `Vec`, or a reference to one.
+/// The batch parameter of an `#[idempotent(batch = …)]` handler: a slice, an array, a
+/// `Vec`, or a reference to one, anything that lends its messages as a slice. Through
+/// this trait, rather than `AsRef<[M]>` itself, a parameter of another type is reported
+/// at the handler's parameter as not a batch, instead of as a missing `AsRef` impl.
 #[doc(hidden)]
-pub fn batch_messages<M, A: AsRef<[M]> + ?Sized>(messages: &A) -> &[M] {
-    messages.as_ref()
+#[diagnostic::on_unimplemented(
+    message = "the batch parameter of an `#[idempotent]` handler holds many messages, as a \
+               slice, `Vec` or array, not `{Self}`",
+    label = "not a batch of messages",
+    note = "take `msgs: &[M]`, `Vec<M>`, `&Vec<M>` or `[M; N]` (any type with `AsRef<[M]>`), \
+            with `key = |msg| …` the key of one `M`; for a single message, leave `batch` out"
+)]
+pub trait BatchParameter<M> {
+    /// The messages, in the batch's order.
+    fn messages(&self) -> &[M];
+}
+
+#[diagnostic::do_not_recommend]
+impl<M, A: AsRef<[M]> + ?Sized> BatchParameter<M> for A {
+    fn messages(&self) -> &[M] {
+        self.as_ref()
+    }
+}
+
+/// The messages of a batch parameter.
+#[doc(hidden)]
+pub fn batch_messages<M, A: BatchParameter<M> + ?Sized>(messages: &A) -> &[M] {
+    messages.messages()
 }
 
 /// Encodes the key of each message, in order; the first that cannot be stored rejects

@@ -36,7 +36,9 @@ pub mod testing;
 mod transaction;
 
 pub use backend::InboxBackend;
-pub use batch::{BatchOutcome, InvalidBatchKey, batch_keys, batch_messages, run_batch};
+pub use batch::{
+    BatchOutcome, BatchParameter, InvalidBatchKey, batch_keys, batch_messages, run_batch,
+};
 pub use claims::{Claim, ClaimError, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
