@@ -13,7 +13,9 @@ use diesel_inbox::{
 };
 use tokio::sync::Barrier;
 
-use super::{Credit, Gate, TestDb, apply, balances, create_tables, settled, until_a_lock_waits};
+use super::{
+    Credit, Gate, RaceReport, TestDb, apply, balances, create_tables, settled, until_a_lock_waits,
+};
 
 /// The batch handler under test: credits each new message, waiting at `gate` once all are
 /// applied, then succeeds or fails as the gate says. Returns how many it credited.
@@ -102,14 +104,6 @@ where
     Ok((outcome.processed(), outcome.duplicates()))
 }
 
-#[derive(Debug, Default)]
-struct BatchRace {
-    processed: usize,
-    duplicates: usize,
-    retries: usize,
-    wrong: Vec<(i64, i64)>,
-}
-
 /// The batches worker `worker` delivers in round `round`: the round's messages, rotated
 /// and split differently for each worker, so that the workers' batches overlap in every
 /// composition, and start together.
@@ -127,7 +121,7 @@ fn compositions(worker: usize, round: i64, per_round: i64) -> Vec<Vec<Credit>> {
     vec![first, second.iter().map(|&n| Credit::new(n)).collect()]
 }
 
-async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: i64) -> BatchRace {
+async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: i64) -> RaceReport {
     const PER_ROUND: i64 = 8;
     let messages = rounds * PER_ROUND;
     create_tables(&*db, messages).await;
@@ -138,7 +132,7 @@ async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: 
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             let mut conn = db.connect().await;
-            let mut report = BatchRace::default();
+            let mut report = RaceReport::default();
             for round in 0..rounds {
                 barrier.wait().await;
                 for batch in compositions(worker, round, PER_ROUND) {
@@ -155,27 +149,13 @@ async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: 
                     };
                     report.processed += processed;
                     report.duplicates += duplicates;
-                    report.retries += retries;
+                    report.transient_retries += retries;
                 }
             }
             report
         }));
     }
-    let mut total = BatchRace::default();
-    for task in tasks {
-        let report = task.await.expect("worker panicked");
-        total.processed += report.processed;
-        total.duplicates += report.duplicates;
-        total.retries += report.retries;
-    }
-    total.wrong = balances(&*db, messages)
-        .await
-        .into_iter()
-        .enumerate()
-        .filter(|(_, balance)| *balance != 1)
-        .map(|(id, balance)| (id as i64, balance))
-        .collect();
-    total
+    RaceReport::of_workers(&*db, messages, tasks).await
 }
 
 pub async fn batch_races_apply_each_message_exactly_once<D: TestDb>(db: D) {

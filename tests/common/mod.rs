@@ -235,6 +235,32 @@ pub struct RaceReport {
     pub wrong: Vec<(i64, i64)>,
 }
 
+impl RaceReport {
+    /// Adds up the workers' reports, then finds the messages among the first `messages`
+    /// whose effect was applied other than once.
+    pub async fn of_workers<D: TestDb>(
+        db: &D,
+        messages: i64,
+        workers: Vec<tokio::task::JoinHandle<RaceReport>>,
+    ) -> RaceReport {
+        let mut total = RaceReport::default();
+        for worker in workers {
+            let report = worker.await.expect("worker panicked");
+            total.processed += report.processed;
+            total.duplicates += report.duplicates;
+            total.transient_retries += report.transient_retries;
+        }
+        total.wrong = balances(db, messages)
+            .await
+            .into_iter()
+            .enumerate()
+            .filter(|(_, balance)| *balance != 1)
+            .map(|(id, balance)| (id as i64, balance))
+            .collect();
+        total
+    }
+}
+
 /// How often one delivery may meet a transient error before the test gives up: a bug that
 /// makes every delivery fail must end in a red test, not a test that never ends.
 pub const MAX_REDELIVERIES: usize = 50;
@@ -305,21 +331,7 @@ pub async fn race<D: TestDb>(
             report
         }));
     }
-    let mut total = RaceReport::default();
-    for task in tasks {
-        let report = task.await.expect("worker panicked");
-        total.processed += report.processed;
-        total.duplicates += report.duplicates;
-        total.transient_retries += report.transient_retries;
-    }
-    total.wrong = balances(&*db, messages)
-        .await
-        .into_iter()
-        .enumerate()
-        .filter(|(_, balance)| *balance != 1)
-        .map(|(id, balance)| (id as i64, balance))
-        .collect();
-    total
+    RaceReport::of_workers(&*db, messages, tasks).await
 }
 
 pub async fn races_apply_each_message_exactly_once<D: TestDb>(db: D) {
