@@ -108,6 +108,21 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
     .any(|pattern| message.contains(pattern))
 }
 
+/// Puts autocommit back as the marker insert, or a claim, found it: both keep the
+/// session's setting in `@diesel_inbox_autocommit`. Run only outside a transaction:
+/// turning autocommit on commits an open one.
+#[cfg(feature = "mysql")]
+macro_rules! restore_autocommit {
+    () => {
+        "SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+         @diesel_inbox_autocommit = NULL"
+    };
+}
+
+/// [`restore_autocommit!`] as a statement of its own.
+#[cfg(feature = "mysql")]
+pub(crate) const RESTORE_AUTOCOMMIT: &str = restore_autocommit!();
+
 #[cfg(feature = "mysql")]
 mod imp {
     use std::future::Future;
@@ -151,15 +166,6 @@ mod imp {
         "SET @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
         savepoint!()
     );
-
-    /// Puts autocommit back as the marker insert found it. Run only outside a
-    /// transaction: turning autocommit on commits an open one.
-    macro_rules! restore_autocommit {
-        () => {
-            "SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-             @diesel_inbox_autocommit = NULL"
-        };
-    }
 
     impl sealed::Sealed for Mysql {
         fn already_processed<'c, C>(

@@ -14,6 +14,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
+use crate::backend::mysql::RESTORE_AUTOCOMMIT;
 use crate::backend::queries::hex_digits;
 
 /// A claim nobody holds: not completed, and released or past its lease.
@@ -73,10 +74,7 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        conn.batch_execute(
-            "SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-             @diesel_inbox_autocommit = NULL",
-        )
+        conn.batch_execute(RESTORE_AUTOCOMMIT)
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
