@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::result::Error;
-use diesel_async::{AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection};
+use diesel_async::{
+    AsyncConnection, AsyncMysqlConnection, RunQueryDsl as _, SimpleAsyncConnection,
+};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 use tokio::sync::Notify;
@@ -33,17 +35,50 @@ impl TestDb for MysqlDb {
     }
 
     async fn lock_waiters(&self) -> Option<i64> {
-        // This test's transactions that InnoDB has queued behind another's lock. InnoDB
-        // refreshes its information_schema views only once nobody has read them for
-        // 100 ms (trx_i_s_cache), so polling faster would read the same stale rows.
-        tokio::time::sleep(Duration::from_millis(110)).await;
-        let query = "SELECT COUNT(*) FROM information_schema.INNODB_TRX AS trx \
-                     JOIN information_schema.PROCESSLIST AS session \
-                     ON session.ID = trx.trx_mysql_thread_id \
-                     WHERE trx.trx_state = 'LOCK WAIT' AND session.DB = DATABASE()";
+        // This test's transactions that InnoDB has queued behind another's lock, read
+        // from the live status report. The information_schema views (INNODB_TRX,
+        // INNODB_LOCK_WAITS) are a server-wide cache refreshed only once nobody has
+        // read it for 100 ms, which tests polling side by side never allow.
         let mut conn = self.connect().await;
-        Some(select_i64(&mut conn, query).await.expect("lock waits"))
+        let sessions: Vec<SessionId> = diesel::sql_query(
+            "SELECT ID AS id FROM information_schema.PROCESSLIST WHERE DB = DATABASE()",
+        )
+        .load(&mut conn)
+        .await
+        .expect("this test's sessions");
+        let status: Vec<EngineStatus> = diesel::sql_query("SHOW ENGINE INNODB STATUS")
+            .load(&mut conn)
+            .await
+            .expect("InnoDB status");
+        let report = status
+            .into_iter()
+            .next()
+            .expect("one InnoDB status row")
+            .status;
+        let waiting = report
+            .split("---TRANSACTION ")
+            .filter(|transaction| transaction.contains("LOCK WAIT"))
+            .filter_map(|transaction| {
+                // "MySQL thread id N, …", or "MariaDB thread id N, …".
+                let thread = transaction.split(" thread id ").nth(1)?;
+                thread.split(',').next()?.trim().parse::<i64>().ok()
+            })
+            .filter(|thread| sessions.iter().any(|session| session.id == *thread))
+            .count();
+        Some(waiting as i64)
     }
+}
+
+#[derive(diesel::QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    id: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct EngineStatus {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "Status")]
+    status: String,
 }
 
 common_scenarios!(create);
