@@ -59,6 +59,28 @@ impl Cluster {
         let url = format!("{}/{}", self.servers[n % 3], self.db.name());
         AsyncMysqlConnection::establish(&url).await
     }
+
+    /// The common tables with `accounts` accounts, once every node has them: DDL and
+    /// writes through node 1 reach the other nodes a moment later, and a delivery there
+    /// must not find its table missing.
+    async fn create_tables(&self, accounts: i64) {
+        common::create_tables(self, accounts).await;
+        let count = format!("SELECT COUNT(*) FROM {}.accounts", self.db.name());
+        for server in &self.servers {
+            let mut conn = AsyncMysqlConnection::establish(&format!("{server}/test"))
+                .await
+                .expect("connect to every node");
+            conn.batch_execute("SET SESSION wsrep_sync_wait = 1")
+                .await
+                .expect("causal reads");
+            let rows = select_i64(&mut conn, &count).await;
+            assert_eq!(
+                rows.expect("every node has the tables"),
+                accounts,
+                "{server}"
+            );
+        }
+    }
 }
 
 impl TestDb for Cluster {
@@ -133,7 +155,7 @@ async fn the_loser_across_nodes_is_transient_never_processed() {
         return;
     };
     bounded(async {
-        common::create_tables(&cluster, 2).await;
+        cluster.create_tables(2).await;
         for (n, swallow) in [(0_i64, false), (1, true)] {
             let message = Credit::new(n);
             let hold = Arc::new(Hold {
@@ -222,7 +244,7 @@ enum Handler {
 /// message's balance.
 async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
     let messages = messages();
-    common::create_tables(cluster, messages).await;
+    cluster.create_tables(messages).await;
     let workers = 6;
     let barrier = Arc::new(Barrier::new(workers));
     let tasks: Vec<_> = (0..workers)
@@ -364,7 +386,7 @@ async fn business_conflicts_are_classified_on_the_cluster() {
         return;
     };
     bounded(async {
-        common::create_tables(&cluster, 1).await;
+        cluster.create_tables(1).await;
         let mut on_node_1 = cluster.node(0).await.unwrap();
         let mut on_node_2 = cluster.node(1).await.unwrap();
         on_node_1

@@ -324,6 +324,58 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
     db.cleanup().await;
 }
 
+/// Credits account 0 after its transaction has been replaced underneath it: what a
+/// Galera node does when another node's commit aborts the transaction while one of the
+/// crate's own batches runs. The server reports only a warning there, and runs the rest
+/// of the batch, which sets the crate's savepoint, in a new transaction. This body does
+/// the same by hand.
+#[idempotent(consumer = "replaced", key = credit.message_id.as_str(), fast_path = false)]
+async fn credit_in_a_replaced_transaction(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+) -> Result<(), Error> {
+    conn.batch_execute(
+        "ROLLBACK; SAVEPOINT diesel_inbox_marker; \
+         UPDATE accounts SET balance = balance + 1 WHERE id = 0",
+    )
+    .await
+}
+
+/// A savepoint of the crate's name in a newer transaction does not pass for the one the
+/// marker was inserted in: nothing commits, and the delivery is transient. Before the
+/// commit checked the marker row itself, the credit committed without its marker and
+/// the call returned `Processed`, which a three-node cluster turned into a message
+/// credited twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_replaced_underneath_the_body_commits_nothing() {
+    let Some(db) = create("replaced_transaction").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        let message = Credit::new(0);
+        let error = credit_in_a_replaced_transaction(&mut conn, &message)
+            .await
+            .expect_err("the marker's transaction is gone");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        assert_eq!(db.inbox_rows().await, 0);
+        assert_eq!(common::balances(&db, 1).await, vec![0]);
+        // The session is as it was, and the redelivery is processed.
+        assert_eq!(
+            select_i64(&mut conn, "SELECT @@autocommit").await.unwrap(),
+            1
+        );
+        assert_eq!(
+            common::credit(&mut conn, &message).await.unwrap(),
+            Outcome::Processed(())
+        );
+        assert_eq!(common::balances(&db, 1).await, vec![1]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// DDL in the body commits the test transaction itself. The handler says so, and the
 /// connection is refused from then on rather than trusted to be in a test transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -358,14 +358,20 @@ impl BenchConnection for AsyncMysqlConnection {
         }
     }
 
-    /// Also puts autocommit back, in the same round trip.
+    /// Also checks the marker row on both sides of the COMMIT and puts autocommit back,
+    /// in the same round trip.
     fn commit_checked(
         &mut self,
         _message_id: String,
         _consumer: &'static str,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         self.batch_execute(
-            "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; \
+            "RELEASE SAVEPOINT diesel_inbox_marker; \
+             SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
+             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_marker_lost'); \
+             COMMIT; \
+             SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
+             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_marker_lost'); \
              SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
              @diesel_inbox_autocommit = NULL",
         )

@@ -139,7 +139,8 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 /// the marker insert (on PostgreSQL two round trips; on MySQL and SQLite one batch with
 /// the savepoint, and on MySQL the marker's id and autocommit off), the credit, then the
 /// backend's checked commit in one round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and
-/// SQLite: `RELEASE SAVEPOINT …; COMMIT`). A duplicate or an error rolls back.
+/// SQLite: `RELEASE SAVEPOINT …; COMMIT`, on MySQL with the marker row checked on both
+/// sides of the COMMIT). A duplicate or an error rolls back.
 /// Transaction control is raw SQL because the library's commit is not
 /// `AsyncConnection::transaction`'s.
 async fn hand_written<C: BenchConnection>(

@@ -664,7 +664,8 @@ fn render_legend(w: &mut String) {
          by hand: on PostgreSQL BEGIN, marker insert, credit, then `SELECT 1; COMMIT` in one \
          round trip; on MySQL and SQLite BEGIN, the marker insert and a savepoint in one \
          batch (on MySQL with the marker's id and autocommit off), the credit, then \
-         `RELEASE SAVEPOINT …; COMMIT` in one round trip. (4) \
+         `RELEASE SAVEPOINT …; COMMIT` in one round trip (on MySQL with the marker row \
+         checked on both sides of the COMMIT). (4) \
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \

@@ -139,7 +139,7 @@ mod imp {
         InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits,
         plain_insert,
     };
-    use super::super::savepoint::{self, SavepointBackend, savepoint};
+    use super::super::savepoint::{self, SavepointBackend, lost_marker, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
     use super::super::{end_unless_inserted, enter_transaction};
     use crate::schema::INDEX_NAME;
@@ -152,9 +152,9 @@ mod imp {
     ///
     /// Autocommit off: should the transaction end underneath the body (a Galera
     /// brute-force abort does, and its error can reach a statement the body never sees),
-    /// the body's later statements open a new transaction, which the failed RELEASE then
-    /// rolls back, instead of committing one by one. Measured on a three-node cluster,
-    /// that is how a message was credited twice.
+    /// the body's later statements open a new transaction, which the commit's checks
+    /// then roll back, instead of committing one by one. Measured on a three-node
+    /// cluster, that is how a message was credited twice.
     const AFTER_MARKER_INSERT: &str = concat!(
         "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
          @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
@@ -439,11 +439,33 @@ mod imp {
         }
     }
 
+    /// Fails, quoting [`lost_marker!`], unless this call's marker row is visible: before
+    /// the COMMIT, in the transaction about to commit; after it, as committed. On a
+    /// Galera node the savepoint proves neither: an abort that lands inside one of our
+    /// batches is reported as a warning (see the [`savepoint`] module), so the savepoint
+    /// may name a newer transaction, and the COMMIT may end none. Set to itself,
+    /// `sql_mode` is unchanged; set to the text, it fails with 1231, whose message
+    /// quotes the text in every server language.
+    macro_rules! own_marker_visible {
+        () => {
+            concat!(
+                "SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
+                 WHERE id = @diesel_inbox_marker_id), @@sql_mode, '",
+                lost_marker!(),
+                "')"
+            )
+        };
+    }
+
     impl SavepointBackend for Mysql {
         const RELEASE_AND_COMMIT: &'static str = concat!(
             "RELEASE SAVEPOINT ",
             savepoint!(),
+            "; ",
+            own_marker_visible!(),
             "; COMMIT; ",
+            own_marker_visible!(),
+            "; ",
             restore_autocommit!()
         );
         const RELEASE_AND_ROLLBACK: &'static str = concat!(

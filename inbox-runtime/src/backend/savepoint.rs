@@ -9,6 +9,14 @@
 //! error, commits only that transaction, in one round trip. Asking instead whether *a*
 //! marker with this key exists is fooled once the transaction is gone: another delivery,
 //! which was waiting for the key, may have committed its own marker by then.
+//!
+//! A backend whose transaction can also end *without an error* adds a check of its own
+//! marker row on each side of the COMMIT, which fails quoting [`lost_marker!`]. On a
+//! Galera node, another node's commit aborts a local transaction from outside. When the
+//! abort lands on a statement of a multi-statement batch that takes no row locks, the
+//! server reports a warning, not the error, and runs the rest of the batch in a new
+//! transaction: the savepoint set in that batch then names the new transaction, and a
+//! COMMIT after an abort there commits nothing.
 
 use std::future::Future;
 
@@ -27,9 +35,18 @@ macro_rules! savepoint {
 }
 pub(super) use savepoint;
 
+/// Quoted by the error of a check that finds this call's marker row gone.
+macro_rules! lost_marker {
+    () => {
+        "diesel_inbox_marker_lost"
+    };
+}
+pub(super) use lost_marker;
+
 /// A backend whose commit check is the savepoint.
 pub(super) trait SavepointBackend: Sealed {
-    /// `RELEASE SAVEPOINT …; COMMIT`, then whatever restores the session.
+    /// `RELEASE SAVEPOINT …; COMMIT`, then whatever restores the session. A check that
+    /// finds this call's marker gone fails with an error quoting [`lost_marker!`].
     const RELEASE_AND_COMMIT: &'static str;
 
     /// `RELEASE SAVEPOINT …; ROLLBACK`, then whatever restores the session.
@@ -61,11 +78,15 @@ where
 {
     match conn.batch_execute(C::Backend::RELEASE_AND_COMMIT).await {
         Ok(()) => leave_transaction(conn),
-        Err(error) if names_the_savepoint(&error) => Err(match ended_early(conn).await {
+        Err(error) if quotes(&error, savepoint!()) => Err(match ended_early(conn).await {
             Ok(true) => committed_early(),
             Ok(false) => rolled_back_underneath(),
             Err(unknown) => unknown,
         }),
+        // Whatever the COMMIT ended, it was not this call's transaction.
+        Err(error) if quotes(&error, lost_marker!()) => {
+            Err(roll_back_and_restore(conn, rolled_back_underneath()).await)
+        }
         Err(error) => Err(roll_back_and_restore(conn, error).await),
     }
 }
@@ -77,7 +98,7 @@ where
 {
     match conn.batch_execute(C::Backend::RELEASE_AND_ROLLBACK).await {
         Ok(()) => leave_transaction(conn),
-        Err(error) if names_the_savepoint(&error) => {
+        Err(error) if quotes(&error, savepoint!()) => {
             if ended_early(conn).await? {
                 Err(committed_early())
             } else {
@@ -119,8 +140,9 @@ where
     C::Backend::own_marker_committed(conn).await
 }
 
-/// Whether the batch failed at `RELEASE SAVEPOINT` because the savepoint was gone. The
-/// server names the savepoint in every language it reports errors in.
-fn names_the_savepoint(error: &Error) -> bool {
-    matches!(error, Error::DatabaseError(_, info) if info.message().contains(savepoint!()))
+/// Whether the batch failed at one of our own statements: at `RELEASE SAVEPOINT`
+/// because the savepoint was gone, or at a check of the marker. The server quotes the
+/// savepoint's name, and the value a check sets, in every language it reports errors in.
+fn quotes(error: &Error, ours: &str) -> bool {
+    matches!(error, Error::DatabaseError(_, info) if info.message().contains(ours))
 }
