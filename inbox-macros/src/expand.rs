@@ -163,7 +163,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         // is instantiated in another crate.
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
-        #krate::__private::inventory::submit! { #registered }
+        #krate::__private::register_handler!(#registration);
         #run
     });
     let outcome = match batch {

@@ -144,7 +144,9 @@ use quote::ToTokens;
 ///         // A method adds its place: "my_service::credit (method at src/lib.rs:12)".
 ///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit"),
 ///     );
-///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
+///     // A constructor that adds `HANDLER` to the list before `main`, as `inventory`
+///     // registers its items, without an `allow` of its own.
+///     diesel_inbox::__private::register_handler!(HANDLER);
 ///
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
 ///     // may use `conn`.
@@ -266,12 +268,11 @@ use quote::ToTokens;
 ///
 /// # Lints
 ///
-/// The expansion writes no `allow`, so a crate's `forbid` of any lint, such as
-/// `#![forbid(non_local_definitions)]`, holds for handlers too. One remains that is not
-/// the attribute's: `inventory::submit!`, which registers the handler, puts
-/// `#[allow(non_upper_case_globals)]` on its item, and under `#![forbid(warnings)]` rustc
-/// reports that `allow` as a future-incompatibility warning (`forbidden_lint_groups`),
-/// not an error. `#![deny(warnings)]` is quiet.
+/// Neither the expansion nor a macro it calls writes an `allow`, so a crate's `forbid` of
+/// any lint holds for handlers too: `#![forbid(warnings)]` and
+/// `#![forbid(non_local_definitions)]` draw nothing from them, and
+/// `#![forbid(unsafe_code)]` does not reach the registration's `link_section`, which is
+/// the expansion's.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
