@@ -125,7 +125,7 @@ use quote::ToTokens;
 ///     // `mut` for the borrow in the body below. Parameters the body never names are
 ///     // left as they are, and so is the connection.
 ///     mut msg: &CreditRequested,
-/// ) -> Result<diesel_inbox::Outcome<()>, AppError> {
+/// ) -> (Result<diesel_inbox::Outcome<()>, AppError>) {
 ///     // Claims the consumer name: a second handler named "credit" in the crate fails
 ///     // with E0428, "the name `diesel_inbox_consumer_used_twice__credit` is defined
 ///     // multiple times". Separators become `_`, listed after a last `_`:
@@ -201,11 +201,13 @@ use quote::ToTokens;
 /// }
 /// ```
 ///
-/// The rewritten return type stands at the attribute, not at the declared one: rustc
-/// suggests bounds right after a return type, and would answer the trait default check
-/// below with "consider `where Self: Sized`". So where rustc quotes the return type, as
-/// `async_fn_in_trait`'s suggestion does for a handler that is a default method of a
-/// public trait with `Self: Sized`, it quotes the attribute. The batch form binds
+/// The rewritten return type runs over the declared one's tokens, and the body's braces
+/// stand where the user's do, so that rustc's suggestions around them, such as
+/// `async_fn_in_trait`'s `fn … -> impl Future<Output = …> + Send { async { … } }` for a
+/// default method of a public trait with `Self: Sized`, read as for the plain
+/// `async fn`. The parentheses, which rustc drops, stand at the attribute, and so does
+/// the place after them where rustc suggests bounds: the trait default check below is
+/// not answered with "consider `where Self: Sized`". The batch form binds
 /// `batch_messages(&msgs)`, placed at the parameter in the signature, once, and passes
 /// its keys and the closure to `run_batch`.
 ///
