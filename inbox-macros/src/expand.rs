@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
+use syn::token::Brace;
 use syn::visit_mut::{self, VisitMut};
 use syn::{
     FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote,
@@ -32,6 +33,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         unreachable!("validation accepted only a return type")
     };
     let result_span = result.span();
+    let result_ends = first_and_last_span(result);
     let messages = batch.as_ref().map(|batch| &batch.messages);
     let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
     let conn_mut = take_connection_mut(&mut function.sig, &conn);
@@ -155,6 +157,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             #run
         }
     };
+    let braces = function.block.brace_token.span.join();
     function.block = parse_quote!({
         #claim
         #not_in_trait_default
@@ -163,18 +166,34 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         // is instantiated in another crate.
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
-        #krate::__private::inventory::submit! { #registered }
+        #krate::__private::register_handler!(#registration);
         #run
     });
+    // The body's braces stand where the user's do, so that a suggestion that wraps the
+    // body (`async_fn_in_trait`'s `async { … }`) wraps the user's. Their syntax context
+    // stays the expansion's: a function from the user's tokens to the user's would pass
+    // with clippy for hand-written code, linted at the attribute (pedantic
+    // `missing_errors_doc`), where it leaves a macro's output alone.
+    function.block.brace_token = Brace(Span::call_site().located_at(braces));
     let outcome = match batch {
         None => quote!(#krate::Outcome<#ok>),
         Some(_) => quote!(#krate::BatchOutcome<#ok>),
     };
-    // At the expansion's place, not the declared return type's: rustc suggests bounds
-    // right after a return type, and at the user's tokens the trait default check
-    // below would be answered with "consider `where Self: Sized`", which defeats it.
-    function.sig.output = parse_quote!(-> ::core::result::Result<#outcome, #err>);
+    function.sig.output = rewritten_return(result_ends, &outcome, &err);
     quote!(#function)
+}
+
+/// `-> (Result<Outcome<T>, E>)`: the parentheses at the expansion's place, the type
+/// inside them from the declared type's first token to its last. rustc drops the
+/// parentheses, and a suggestion around the return type, such as
+/// `async_fn_in_trait`'s `impl Future<Output = …> + Send`, then wraps the declared type.
+/// A `where` clause would follow the parentheses: were it at the user's tokens, rustc
+/// would answer the trait default check below with "consider `where Self: Sized`",
+/// which defeats it; at the expansion's place it suggests no bound.
+fn rewritten_return((first, last): (Span, Span), outcome: &TokenStream, err: &Type) -> ReturnType {
+    let result = respanned(quote!(::core::result::Result), first);
+    let close = quote_spanned!(last=> >);
+    parse_quote!(-> (#result<#outcome, #err #close))
 }
 
 /// `ClaimPolicy::new(lease, max_attempts, takeover)`, the lease bound as a `Duration` at
@@ -231,6 +250,14 @@ fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> Toke
         }
         None => unreachable!("validation found the connection parameter"),
     }
+}
+
+/// The spans of the first and the last token of `ty`, which rustc's span of the type
+/// runs between (`Spanned::span` gives only the first's on stable).
+fn first_and_last_span(ty: &Type) -> (Span, Span) {
+    let mut spans = quote!(#ty).into_iter().map(|token| token.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    (first, spans.last().unwrap_or(first))
 }
 
 /// `tokens`, each of them, in groups too, placed at `span`.

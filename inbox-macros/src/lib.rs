@@ -125,7 +125,7 @@ use quote::ToTokens;
 ///     // `mut` for the borrow in the body below. Parameters the body never names are
 ///     // left as they are, and so is the connection.
 ///     mut msg: &CreditRequested,
-/// ) -> Result<diesel_inbox::Outcome<()>, AppError> {
+/// ) -> (Result<diesel_inbox::Outcome<()>, AppError>) {
 ///     // Claims the consumer name: a second handler named "credit" in the crate fails
 ///     // with E0428, "the name `diesel_inbox_consumer_used_twice__credit` is defined
 ///     // multiple times". Separators become `_`, listed after a last `_`:
@@ -144,7 +144,9 @@ use quote::ToTokens;
 ///         // A method adds its place: "my_service::credit (method at src/lib.rs:12)".
 ///         diesel_inbox::RegisteredHandler::new("credit", "my_service::credit"),
 ///     );
-///     diesel_inbox::__private::inventory::submit! { /* the same registration */ }
+///     // A constructor that adds `HANDLER` to the list before `main`, as `inventory`
+///     // registers its items, without an `allow` of its own.
+///     diesel_inbox::__private::register_handler!(HANDLER);
 ///
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
 ///     // may use `conn`.
@@ -199,11 +201,13 @@ use quote::ToTokens;
 /// }
 /// ```
 ///
-/// The rewritten return type stands at the attribute, not at the declared one: rustc
-/// suggests bounds right after a return type, and would answer the trait default check
-/// below with "consider `where Self: Sized`". So where rustc quotes the return type, as
-/// `async_fn_in_trait`'s suggestion does for a handler that is a default method of a
-/// public trait with `Self: Sized`, it quotes the attribute. The batch form binds
+/// The rewritten return type runs over the declared one's tokens, and the body's braces
+/// stand where the user's do, so that rustc's suggestions around them, such as
+/// `async_fn_in_trait`'s `fn … -> impl Future<Output = …> + Send { async { … } }` for a
+/// default method of a public trait with `Self: Sized`, read as for the plain
+/// `async fn`. The parentheses, which rustc drops, stand at the attribute, and so does
+/// the place after them where rustc suggests bounds: the trait default check below is
+/// not answered with "consider `where Self: Sized`". The batch form binds
 /// `batch_messages(&msgs)`, placed at the parameter in the signature, once, and passes
 /// its keys and the closure to `run_batch`.
 ///
@@ -266,12 +270,11 @@ use quote::ToTokens;
 ///
 /// # Lints
 ///
-/// The expansion writes no `allow`, so a crate's `forbid` of any lint, such as
-/// `#![forbid(non_local_definitions)]`, holds for handlers too. One remains that is not
-/// the attribute's: `inventory::submit!`, which registers the handler, puts
-/// `#[allow(non_upper_case_globals)]` on its item, and under `#![forbid(warnings)]` rustc
-/// reports that `allow` as a future-incompatibility warning (`forbidden_lint_groups`),
-/// not an error. `#![deny(warnings)]` is quiet.
+/// Neither the expansion nor a macro it calls writes an `allow`, so a crate's `forbid` of
+/// any lint holds for handlers too: `#![forbid(warnings)]` and
+/// `#![forbid(non_local_definitions)]` draw nothing from them, and
+/// `#![forbid(unsafe_code)]` does not reach the registration's `link_section`, which is
+/// the expansion's.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {

@@ -44,8 +44,6 @@ pub use classify::{ErrorClass, classify};
 pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
 pub use fast_path::FastPath;
 pub use fingerprint::{Fingerprint, FingerprintMismatch};
-#[doc(hidden)]
-pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;

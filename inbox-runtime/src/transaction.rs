@@ -14,16 +14,17 @@ use crate::fast_path::{DuplicateShare, FastPath};
 use crate::fingerprint::Fingerprint;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
-use crate::registry::RegisteredHandler;
+use crate::registry::{self, RegisteredHandler};
 use crate::report;
 use crate::test_transaction;
 
-/// One `#[idempotent]` handler as [`run`] sees it: its registration, and the recent
-/// outcomes its adaptive fast path goes by.
+/// One `#[idempotent]` handler as [`run`] sees it: its registration, its place in the
+/// list of registered handlers, and the recent outcomes its adaptive fast path goes by.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Handler {
     pub(crate) registration: RegisteredHandler,
+    pub(crate) link: registry::Link,
     recent_duplicates: DuplicateShare,
 }
 
@@ -32,8 +33,16 @@ impl Handler {
     pub const fn new(registration: RegisteredHandler) -> Self {
         Self {
             registration,
+            link: registry::Link::new(),
             recent_duplicates: DuplicateShare::new(),
         }
+    }
+
+    /// Lists the handler in `registered_handlers`; `register_handler!` calls it before
+    /// `main`.
+    #[doc(hidden)]
+    pub fn register(&'static self) {
+        registry::register(self);
     }
 }
 

@@ -1,8 +1,8 @@
 //! `async_fn_in_trait` on a handler that is a public trait's default method, one that a
 //! `Self: Sized` bound lets past the default-method check (`trait-default-method.rs`).
-//! A known wart, kept on record: rustc's suggestion quotes the attribute where the return
-//! type and the body's braces would be, since those stand at the attribute (at the
-//! user's tokens rustc would answer the default-method check with `where Self: Sized`).
+//! rustc's suggestion reads as for the plain `async fn`, quoting the declared return
+//! type and the body's braces (the parentheses around the rewritten return type, which
+//! keep `where Self: Sized` from being suggested to that check, stand at the attribute).
 //! On a trait's declaration the attribute's own error comes first, and an impl's method
 //! is not linted.
 #![deny(async_fn_in_trait)]

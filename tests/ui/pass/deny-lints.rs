@@ -1,5 +1,5 @@
-//! The strict lints a crate can set at `deny` (rather than `forbid`, see the attribute's
-//! `# Lints`) stay quiet on a handler.
+//! The strict lints at `deny` stay quiet on a handler, as they do at `forbid`
+//! (`forbid-lints.rs`).
 #![deny(non_local_definitions, future_incompatible, warnings)]
 
 use diesel_async::AsyncPgConnection;

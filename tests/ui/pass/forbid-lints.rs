@@ -1,10 +1,12 @@
-//! A crate that forbids `non_local_definitions` and `async_fn_in_trait` compiles every
-//! handler shape: the expansion writes no `allow` that a `forbid` would overrule (E0453),
-//! and the consumer's claim is no non-local `#[macro_export]`. `warnings` itself is at
-//! `deny`: the `allow` inside `inventory::submit!` draws a future-incompatibility warning
-//! under `forbid(warnings)` (see the attribute's `# Lints`).
-#![forbid(non_local_definitions, async_fn_in_trait, unused, future_incompatible)]
-#![deny(warnings)]
+//! A crate that forbids every warning compiles every handler shape: the expansion writes
+//! no `allow` that a `forbid` would overrule (E0453, or for a lint that `forbid(warnings)`
+//! covers, the future-incompatibility lint `forbidden_lint_groups`), nor does any macro it
+//! calls, and the consumer's claim is no non-local `#[macro_export]`. trybuild passes a
+//! case that only warns, so `future_incompatible`, which holds `forbidden_lint_groups`,
+//! is forbidden too: such an `allow` then fails the case. `unsafe_code` holds as well:
+//! the registration's `link_section` is the expansion's, not the crate's.
+#![forbid(warnings)]
+#![forbid(non_local_definitions, async_fn_in_trait, unused, future_incompatible, unsafe_code)]
 
 use diesel::result::Error;
 use diesel_async::AsyncPgConnection;
