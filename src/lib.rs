@@ -64,8 +64,6 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 pub use inbox_macros::idempotent;
-#[cfg(feature = "pruner")]
-pub use inbox_runtime::Pruner;
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub use inbox_runtime::broker::MissingKey;
 #[cfg(feature = "kafka")]
@@ -85,6 +83,8 @@ pub use inbox_runtime::{
     SharedConsumers, check_consumers, classify, find_database_error, migrate, prune,
     registered_handlers,
 };
+#[cfg(feature = "pruner")]
+pub use inbox_runtime::{Pace, Pruner, prune_paced};
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 use diesel::sqlite::SqliteConnection;
 use diesel_async::SimpleAsyncConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_inbox::Pruner;
 use diesel_inbox::testing::{TestDatabase, select_i64};
+use diesel_inbox::{Pace, Pruner, prune_paced};
 
 type Conn = SyncConnectionWrapper<SqliteConnection>;
 
@@ -18,11 +18,11 @@ async fn markers(conn: &mut Conn) -> i64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prunes_on_its_schedule_and_stops_when_asked() {
-    let db = TestDatabase::<Conn>::sqlite("pruner").await.unwrap();
+/// `old` markers an hour old and two new ones.
+async fn inbox_with_old_markers(test: &str, old: usize) -> (TestDatabase<Conn>, Conn) {
+    let db = TestDatabase::<Conn>::sqlite(test).await.unwrap();
     let mut conn = db.connect().await.unwrap();
-    let old: Vec<String> = (0..3_000)
+    let old: Vec<String> = (0..old)
         .map(|n| format!("('old-{n}', 'c', datetime('now', '-1 hour'))"))
         .collect();
     conn.batch_execute(&format!(
@@ -32,14 +32,28 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
     ))
     .await
     .unwrap();
+    (db, conn)
+}
 
-    let connect = {
+fn connector(db: &TestDatabase<Conn>) -> impl Fn() -> BoxedConnecting + Clone + Send + 'static {
+    let db = db.clone();
+    move || {
         let db = db.clone();
-        move || {
-            let db = db.clone();
-            async move { db.connect().await }
-        }
-    };
+        Box::pin(async move { db.connect().await })
+    }
+}
+
+type BoxedConnecting = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<Conn, diesel_inbox::testing::TestDatabaseError>>
+            + Send,
+    >,
+>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prunes_on_its_schedule_and_stops_when_asked() {
+    let (db, mut conn) = inbox_with_old_markers("pruner", 3_000).await;
+    let connect = connector(&db);
     let pruner = Pruner::spawn(
         connect.clone(),
         Duration::from_millis(20),
@@ -64,6 +78,50 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
     tokio::time::timeout(Duration::from_secs(5), idle.shut_down())
         .await
         .expect("shuts down between runs at once");
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
+/// A paced run rests between its batches, and shutting down ends it there rather than
+/// after every batch: with a rest of hours, only the first batch is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_ends_a_paced_run_between_its_batches() {
+    let (db, mut conn) = inbox_with_old_markers("pruner_paced", 3_000).await;
+    let pruner = Pruner::spawn_paced(
+        connector(&db),
+        Duration::from_millis(20),
+        Duration::from_secs(60),
+        Pace::resting(1_000_000),
+    );
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while markers(&mut conn).await == 3_002 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first batch is pruned");
+    tokio::time::timeout(Duration::from_secs(5), pruner.shut_down())
+        .await
+        .expect("shuts down in the rest, at once");
+    assert_eq!(
+        markers(&mut conn).await,
+        2_002,
+        "one batch of 1,000 ids deleted"
+    );
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
+/// At any pace, a prune deletes the markers outside the window and nothing else, and
+/// says how many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_prune_deletes_what_a_flat_out_one_does() {
+    let (db, mut conn) = inbox_with_old_markers("prune_paced", 2_500).await;
+    let deleted = prune_paced(&mut conn, Duration::from_secs(60), Pace::resting(1))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 2_500);
+    assert_eq!(markers(&mut conn).await, 2);
     drop(conn);
     db.cleanup().await.unwrap();
 }

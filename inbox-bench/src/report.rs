@@ -575,9 +575,8 @@ fn render_reference(w: &mut String, run: &BackendRun) {
     }
 }
 
-/// What variant 8's prune did beside the consumers, in the median round at each
-/// consumer count: every old marker deleted, and whether it ran for all of the
-/// consumers' time (a prune that ends first leaves the rest of the run unloaded).
+/// What variant 8's pruner did beside the consumers, in the median round at each
+/// consumer count.
 fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
     let Some(rows) = plan.prune else {
         return;
@@ -592,17 +591,10 @@ fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
             continue;
         };
         let (pruning, consuming) = (pruned.elapsed.as_secs_f64(), m.run.elapsed.as_secs_f64());
-        let overlap = if pruning >= consuming {
-            "for all of it".to_owned()
-        } else {
-            format!("for {:.0}% of it", 100.0 * pruning / consuming)
-        };
         lines.push(format!(
-            "- {consumers} consumer(s): prune deleted {} old markers in {pruning:.1} s \
-             ({} transient failures repeated), {:.0} rows/s; the consumers ran {consuming:.1} s, \
-             pruned {overlap}.",
+            "- {consumers} consumer(s): the pruner deleted {} old markers in the {pruning:.1} s \
+             it ran, {:.0} rows/s; the consumers ran {consuming:.1} s.",
             thousands(pruned.rows as f64),
-            pruned.retries,
             pruned.rows as f64 / pruning,
         ));
     }
@@ -611,10 +603,11 @@ fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
     }
     let _ = writeln!(
         w,
-        "{}: one more connection calls `prune` with a 1-day window from the moment the \
-         consumers start until it has deleted the {} markers loaded {} days old before the \
-         measurement (median round); afterwards every message was credited once and only \
-         the consumers' markers were left:",
+        "{}: a `Pruner` at its default pace (after each batch of 1,000 ids it rests four \
+         times as long as the batch took) prunes with a 1-day window from the moment the \
+         consumers start until they are done, over the {} markers loaded {} days old \
+         before the measurement (median round); afterwards every message was credited \
+         once, and only old markers were gone:",
         short(variant),
         count_label(rows),
         crate::runner::PRUNED_MARKERS_AGE_DAYS,
@@ -678,8 +671,8 @@ fn render_legend(w: &mut String) {
          commit, then a serializable transaction that locks the row with `SELECT … FOR \
          UPDATE` (`BEGIN IMMEDIATE` on SQLite), credits and sets its `consumed_at`. (7) \
          `#[idempotent]` over an inbox already holding that many markers. (8) (4)'s \
-         deliveries while one more connection runs `prune` over that many markers, loaded \
-         two days old before the measurement, until it has deleted them all. (b10), (b50), \
+         deliveries while a `Pruner` at its default pace prunes that many markers, loaded \
+         two days old before the measurement, until the consumers are done. (b10), (b50), \
          (b100) `#[idempotent(batch = …)]` over that many consecutive deliveries per call, \
          in one transaction: the markers in one insert (PostgreSQL) or inserts of up to \
          64 (MySQL, SQLite), then the batch's credits summed by account in one `UPDATE` \

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use diesel::connection::{Instrumentation, InstrumentationEvent};
-use diesel_inbox::classify;
+use diesel_inbox::testing::TestDatabase;
+use diesel_inbox::{Pruner, classify};
 use indicatif::ProgressBar;
 use tokio::sync::Barrier;
 
-use crate::connection::BenchConnection;
+use crate::connection::{BenchConnection, connect};
 use crate::handlers::{self, Handled};
 use crate::variant::Variant;
 use crate::workload::{Delivery, Workload};
@@ -167,65 +168,44 @@ async fn consume<C: BenchConnection>(
 /// How old the markers variant 8 prunes are, and the window it keeps: every marker the
 /// consumers insert is inside it.
 pub const PRUNED_MARKERS_AGE_DAYS: u32 = 2;
-const PRUNE_WINDOW: Duration = Duration::from_secs(86_400);
+pub const PRUNE_WINDOW: Duration = Duration::from_secs(86_400);
+/// How often variant 8's pruner runs: at once, and again as soon as a run has found
+/// nothing left to delete.
+const PRUNE_EVERY: Duration = Duration::from_millis(10);
 
-/// What the prune beside the consumers did.
+/// What the pruner beside the consumers did.
 #[derive(Debug, Clone, Copy)]
 pub struct Pruned {
+    /// Old markers it deleted.
     pub rows: u64,
-    /// From the start signal until the last old marker was deleted.
+    /// From the consumers' start until it stopped, after the batch under way when they
+    /// were done.
     pub elapsed: Duration,
-    /// `prune` calls that failed with a transient error and were repeated.
-    pub retries: u64,
 }
 
-/// `diesel_inbox::prune` on a connection of its own, called until it has deleted the
-/// old markers, started together with the consumers.
+/// A `diesel_inbox::Pruner` at its default pace, on connections of its own, from the
+/// moment the consumers start until they are done.
 pub struct PruneTask {
-    start: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<anyhow::Result<Pruned>>,
+    pruner: Pruner,
+    started: Instant,
 }
 
 impl PruneTask {
-    /// Spawns the task, which waits for [`PruneTask::start`] to delete `rows` markers.
-    pub fn spawn<C: BenchConnection>(mut conn: C, rows: u64) -> Self {
-        let (start, started) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            started.await.context("the measurement was abandoned")?;
-            let clock = Instant::now();
-            let (mut deleted, mut retries) = (0, 0);
-            while deleted < rows {
-                match diesel_inbox::prune(&mut conn, PRUNE_WINDOW).await {
-                    Ok(0) => bail!("prune found no old marker left after {deleted} of {rows}"),
-                    Ok(batch) => deleted += batch,
-                    Err(error) if classify(&error).is_retryable() && retries < MAX_ATTEMPTS => {
-                        retries += 1;
-                    }
-                    Err(error) => bail!("prune failed after {deleted} of {rows}: {error}"),
-                }
-            }
-            Ok(Pruned {
-                rows: deleted,
-                elapsed: clock.elapsed(),
-                retries: retries.into(),
-            })
-        });
-        Self { start, task }
+    pub fn start<C: BenchConnection>(db: &TestDatabase<C>) -> Self {
+        let db = db.clone();
+        let connect = move || {
+            let db = db.clone();
+            async move { connect(&db).await }
+        };
+        Self {
+            pruner: Pruner::spawn(connect, PRUNE_EVERY, PRUNE_WINDOW),
+            started: Instant::now(),
+        }
     }
 
-    pub fn start(self) -> StartedPrune {
-        // A send fails only if the task ended already; `finish` says why.
-        let _ = self.start.send(());
-        StartedPrune(self.task)
-    }
-}
-
-/// A [`PruneTask`] under way.
-pub struct StartedPrune(tokio::task::JoinHandle<anyhow::Result<Pruned>>);
-
-impl StartedPrune {
-    /// Waits for the prune to delete every old marker.
-    pub async fn finish(self) -> anyhow::Result<Pruned> {
-        self.0.await.context("the prune task panicked")?
+    /// Shuts the pruner down, and says how long it ran.
+    pub async fn stop(self) -> Duration {
+        self.pruner.shut_down().await;
+        self.started.elapsed()
     }
 }

@@ -92,6 +92,26 @@ pub async fn markers<C: BenchConnection>(conn: &mut C) -> anyhow::Result<i64> {
     Ok(select_i64(conn, "SELECT COUNT(*) FROM inbox").await?)
 }
 
+/// Markers processed more than `window` ago, by the database's clock.
+pub async fn markers_older_than<C: BenchConnection>(
+    conn: &mut C,
+    window: std::time::Duration,
+) -> anyhow::Result<i64> {
+    let seconds = window.as_secs();
+    let query = match C::BACKEND {
+        Backend::Postgres => format!(
+            "SELECT COUNT(*) FROM inbox WHERE processed_at < now() - interval '{seconds} seconds'"
+        ),
+        Backend::Mysql => format!(
+            "SELECT COUNT(*) FROM inbox WHERE processed_at < NOW(6) - INTERVAL {seconds} SECOND"
+        ),
+        Backend::Sqlite => format!(
+            "SELECT COUNT(*) FROM inbox WHERE processed_at < datetime('now', '-{seconds} seconds')"
+        ),
+    };
+    Ok(select_i64(conn, &query).await?)
+}
+
 /// The sum of every account's balance: the credits applied so far.
 pub async fn credits<C: BenchConnection>(conn: &mut C) -> anyhow::Result<i64> {
     // `SUM` of a BIGINT is a decimal on MySQL and PostgreSQL.

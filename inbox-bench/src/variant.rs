@@ -115,8 +115,8 @@ pub enum Variant {
     PeerFlow,
     /// (7) `#[idempotent]` over an inbox pre-filled with `rows` markers.
     Prefilled { rows: u64 },
-    /// (8) (4)'s deliveries while one more connection prunes `rows` old markers, loaded
-    /// before the measurement.
+    /// (8) (4)'s deliveries while a `Pruner` at its default pace prunes `rows` old
+    /// markers, loaded before the measurement.
     PruneUnderLoad { rows: u64 },
     /// (b10, b50, b100) `#[idempotent(batch = …)]`: a batch of messages per transaction,
     /// their credits in one statement.
@@ -227,7 +227,7 @@ impl Variant {
                 format!("#[idempotent], {} rows in inbox", count_label(rows))
             }
             Self::PruneUnderLoad { rows } => format!(
-                "#[idempotent] while prune deletes {} old markers",
+                "#[idempotent] while a pruner prunes {} old markers",
                 count_label(rows)
             ),
             Self::Batch(size) => {

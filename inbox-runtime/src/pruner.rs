@@ -4,20 +4,75 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use std::ops::ControlFlow;
+
+use diesel::QueryResult;
 use diesel_async::AsyncConnection;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::InboxBackend;
-use crate::prune::prune;
+use crate::prune::prune_in_batches;
 
-/// A task that calls [`prune`] every `every`, give or take a tenth (so that instances
-/// started together do not prune in step), on a connection it takes from `connect` for
-/// each run, such as `|| pool.get()`.
+/// How hard a prune works. After each batch of 1,000 ids it rests for a multiple of the
+/// time the batch took, so that it deletes during at most a share of its run and leaves
+/// the rest of the database's CPU and locks to the handlers. Deleting a million markers
+/// flat out beside 8 consumers took a third to three quarters of their throughput on a
+/// 2-core machine; see the README's "What it costs" for the paced figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    rest: u32,
+}
+
+impl Pace {
+    /// No rest: as fast as the database deletes, as [`prune`](fn@crate::prune) does.
+    pub const FLAT_OUT: Self = Self { rest: 0 };
+
+    /// Rests `rest` times as long as each batch took, so that the prune deletes during at
+    /// most `1 / (rest + 1)` of its run.
+    pub const fn resting(rest: u32) -> Self {
+        Self { rest }
+    }
+
+    /// The pause after a batch that took `batch`.
+    fn after(self, batch: Duration) -> Duration {
+        batch.saturating_mul(self.rest)
+    }
+}
+
+/// [`Pruner`]'s pace: rests four times as long as each batch took, deleting during at most
+/// a fifth of its run.
+impl Default for Pace {
+    fn default() -> Self {
+        Self::resting(4)
+    }
+}
+
+/// [`prune`](fn@crate::prune) at `pace`: the same batches and guarantees, with a rest after each. For a
+/// prune run by a scheduler of your own; [`Pruner`] runs it on one.
+///
+/// # Errors
+///
+/// As [`prune`](fn@crate::prune).
+pub async fn prune_paced<C>(conn: &mut C, older_than: Duration, pace: Pace) -> QueryResult<u64>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    prune_in_batches(conn, older_than, |batch| async move {
+        tokio::time::sleep(pace.after(batch)).await;
+        ControlFlow::Continue(())
+    })
+    .await
+}
+
+/// A task that prunes every `every`, give or take a tenth (so that instances started
+/// together do not prune in step), at a [`Pace`], on a connection it takes from `connect`
+/// for each run, such as `|| pool.get()`.
 ///
 /// Each run logs what it deleted at `INFO`, or why it failed at `WARN` (and the next run
-/// tries again). [`Pruner::shut_down`] stops it between runs: a run under way finishes
-/// first, so no batch is cut off mid-statement.
+/// tries again). [`Pruner::shut_down`] stops it between runs, or between a run's batches:
+/// no batch is cut off mid-statement.
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")] mod example {
@@ -38,12 +93,13 @@ use crate::prune::prune;
 /// ```
 #[derive(Debug)]
 pub struct Pruner {
-    stop: oneshot::Sender<()>,
+    stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl Pruner {
-    /// Starts pruning on the current tokio runtime: the first run after about `every`.
+    /// Starts pruning on the current tokio runtime at the default [`Pace`]: the first run
+    /// after about `every`.
     pub fn spawn<C, E, Connect, Connecting>(
         connect: Connect,
         every: Duration,
@@ -56,11 +112,28 @@ impl Pruner {
         C::Backend: InboxBackend,
         E: fmt::Display,
     {
-        let (stop, mut stopped) = oneshot::channel();
+        Self::spawn_paced(connect, every, older_than, Pace::default())
+    }
+
+    /// [`Pruner::spawn`] at `pace`.
+    pub fn spawn_paced<C, E, Connect, Connecting>(
+        connect: Connect,
+        every: Duration,
+        older_than: Duration,
+        pace: Pace,
+    ) -> Self
+    where
+        Connect: Fn() -> Connecting + Send + 'static,
+        Connecting: Future<Output = Result<C, E>> + Send,
+        C: AsyncConnection + 'static,
+        C::Backend: InboxBackend,
+        E: fmt::Display,
+    {
+        let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = &mut stopped => return,
+                    () = shutting_down(stopped.clone()) => return,
                     () = tokio::time::sleep(jittered(every)) => {}
                 }
                 let started = std::time::Instant::now();
@@ -68,9 +141,19 @@ impl Pruner {
                     .await
                     .map_err(|error| format!("no connection: {error}"));
                 let deleted = match connection {
-                    Ok(mut conn) => prune(&mut conn, older_than)
-                        .await
-                        .map_err(|error| error.to_string()),
+                    Ok(mut conn) => prune_in_batches(&mut conn, older_than, |batch| {
+                        let stopped = stopped.clone();
+                        async move {
+                            tokio::select! {
+                                () = shutting_down(stopped) => ControlFlow::Break(()),
+                                () = tokio::time::sleep(pace.after(batch)) => {
+                                    ControlFlow::Continue(())
+                                }
+                            }
+                        }
+                    })
+                    .await
+                    .map_err(|error| error.to_string()),
                     Err(error) => Err(error),
                 };
                 match deleted {
@@ -86,12 +169,18 @@ impl Pruner {
         Self { stop, task }
     }
 
-    /// Stops pruning: waits for a run under way to finish, then ends the task.
+    /// Stops pruning: waits for a batch under way to finish, then ends the task.
     pub async fn shut_down(self) {
         // The task may have ended already, if its runtime is shutting down.
-        let _ = self.stop.send(());
+        let _ = self.stop.send(true);
         let _ = self.task.await;
     }
+}
+
+/// Once [`Pruner::shut_down`] is called, or the [`Pruner`] dropped.
+async fn shutting_down(mut stopped: watch::Receiver<bool>) {
+    // An error means the sender is gone: nobody can ask any more, so stop as well.
+    let _ = stopped.wait_for(|&stop| stop).await;
 }
 
 /// `every`, moved by up to a tenth either way.
@@ -102,6 +191,14 @@ fn jittered(every: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pace_rests_its_multiple_of_the_batch() {
+        let batch = Duration::from_millis(30);
+        assert_eq!(Pace::FLAT_OUT.after(batch), Duration::ZERO);
+        assert_eq!(Pace::default().after(batch), Duration::from_millis(120));
+        assert_eq!(Pace::resting(u32::MAX).after(Duration::MAX), Duration::MAX);
+    }
 
     #[test]
     fn jitter_stays_within_a_tenth() {
