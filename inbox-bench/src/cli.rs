@@ -328,6 +328,27 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_is_chosen_by_name_and_measures_its_variants() {
+        let plan = |argv: &[&str]| Plan::new(Args::try_parse_from(argv).unwrap(), &[]);
+        let all = plan(&["inbox-bench"]).unwrap();
+        assert!(all.cluster.is_empty(), "`all` leaves the cluster out");
+        let galera = plan(&["inbox-bench", "--backend", "galera"]).unwrap();
+        assert!(galera.backends.is_empty());
+        assert_eq!(galera.cluster, Variant::CLUSTER);
+        let chosen = plan(&[
+            "inbox-bench",
+            "--backend",
+            "galera,mysql",
+            "--variants",
+            "4,1",
+        ]);
+        let chosen = chosen.unwrap();
+        assert_eq!(chosen.backends, [Backend::Mysql]);
+        assert_eq!(chosen.cluster, [Variant::Bare, Variant::Idempotent]);
+        assert!(plan(&["inbox-bench", "--backend", "galera", "--variants", "2"]).is_err());
+    }
+
+    #[test]
     fn variants_can_be_chosen_by_number() {
         let args = Args::try_parse_from(["inbox-bench", "--variants", "4,1,p2,5"]).unwrap();
         let plan = Plan::new(args, &[]).unwrap();

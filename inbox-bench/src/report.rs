@@ -799,10 +799,10 @@ fn render_cluster(w: &mut String, plan: &Plan, run: &ClusterRun) {
     line(w, "");
 }
 
-/// `0.85 (0.80–0.90)`: the median of `ratios`, sorted, and their range.
+/// `0.85 (0.80–0.90)`: the median of `ratios`, sorted, and their range where it shows.
 fn ratio_text(ratios: &[f64]) -> String {
     match (bench::median(ratios), ratios.first(), ratios.last()) {
-        (Some(median), Some(low), Some(high)) if ratios.len() > 1 => {
+        (Some(median), Some(low), Some(high)) if high - low >= 0.005 => {
             format!("{median:.2} ({low:.2}–{high:.2})")
         }
         (Some(median), _, _) => format!("{median:.2}"),
