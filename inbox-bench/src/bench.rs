@@ -12,22 +12,27 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail, ensure};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 
+use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+
 use crate::backend::Backend;
 use crate::cli::Plan;
+use crate::cluster::{self, Cluster, Placement};
 use crate::connection::{BenchConnection, connect};
-use crate::probe::{self, Diagnostics, IndexShape, Probe, ServerInfo};
+use crate::probe::{self, ClusterProbe, Diagnostics, IndexShape, Probe, ServerInfo};
 use crate::progress::Progress;
 use crate::reference::ReferenceClient;
 use crate::runner::{self, PRUNE_WINDOW, PRUNED_MARKERS_AGE_DAYS, PruneTask, Pruned, Run, Tally};
 use crate::setup;
 use crate::variant::{Script, Variant, count_label, reference_client};
-use crate::workload::{Workload, splitmix64};
+use crate::workload::{ACCOUNTS, Workload, splitmix64};
 
 /// One variant at one consumer count.
 #[derive(Debug, Clone)]
 pub struct Measurement {
     pub variant: Variant,
     pub consumers: usize,
+    /// Where the consumers connected, on a cluster.
+    pub placement: Option<Placement>,
     pub round: u32,
     pub deliveries: u64,
     pub run: Run,
@@ -120,13 +125,7 @@ pub async fn run_backend<C: BenchConnection>(
     let server = probe::server_info(&mut admin).await?;
     let place = format!("{}, {}", C::BACKEND.name(), db.name());
     progress.note(format!("{place}: {}", server.version));
-    // Message ids must differ between measurements, and from any earlier run's.
-    let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
-    let mut measurement = 0;
-    let mut seed = move || {
-        measurement += 1;
-        splitmix64(epoch ^ measurement)
-    };
+    let mut seed = seeds()?;
 
     let mut measurements = Vec::new();
     for (round, consumers) in plan.consumer_rounds() {
@@ -140,6 +139,7 @@ pub async fn run_backend<C: BenchConnection>(
                 consumers,
                 round,
                 workload,
+                on: Consumers::Database,
             };
             measurements.push(step.measure(&mut admin, progress).await?);
         }
@@ -165,6 +165,7 @@ pub async fn run_backend<C: BenchConnection>(
                 consumers,
                 round,
                 workload: variant.workload(seed(), plan.messages),
+                on: Consumers::Database,
             };
             measurements.push(step.measure(&mut admin, progress).await?);
         }
@@ -217,6 +218,7 @@ pub async fn run_backend<C: BenchConnection>(
                 consumers,
                 round,
                 workload: variant.workload(seed(), plan.messages),
+                on: Consumers::Database,
             };
             measurements.push(step.measure(&mut admin, progress).await?);
         }
@@ -231,6 +233,146 @@ pub async fn run_backend<C: BenchConnection>(
     })
 }
 
+/// The workloads' seeds: message ids must differ between measurements, and from any
+/// earlier run's.
+fn seeds() -> anyhow::Result<impl FnMut() -> u64> {
+    let epoch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let mut measurement = 0;
+    Ok(move || {
+        measurement += 1;
+        splitmix64(epoch ^ measurement)
+    })
+}
+
+/// Everything measured on a Galera cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterRun {
+    /// The first node's version and settings, with the cluster's.
+    pub server: ServerInfo,
+    pub nodes: usize,
+    pub measurements: Vec<Measurement>,
+    pub elapsed: Duration,
+}
+
+impl ClusterRun {
+    /// Every round of one variant at one consumer count and placement, slowest first.
+    pub fn rounds(
+        &self,
+        variant: Variant,
+        consumers: usize,
+        placement: Placement,
+    ) -> Vec<&Measurement> {
+        let mut rounds: Vec<&Measurement> = self
+            .measurements
+            .iter()
+            .filter(|m| {
+                m.variant == variant && m.consumers == consumers && m.placement == Some(placement)
+            })
+            .collect();
+        rounds.sort_by(|a, b| a.per_second().total_cmp(&b.per_second()));
+        rounds
+    }
+
+    /// The median round, as [`BackendRun::find`] takes it.
+    pub fn find(
+        &self,
+        variant: Variant,
+        consumers: usize,
+        placement: Placement,
+    ) -> Option<&Measurement> {
+        let rounds = self.rounds(variant, consumers, placement);
+        rounds.get(rounds.len().saturating_sub(1) / 2).copied()
+    }
+
+    /// `(numerator, denominator)`'s throughput ratio within each round, smallest first: a
+    /// variant or placement against another at one consumer count.
+    pub fn ratios(
+        &self,
+        consumers: usize,
+        numerator: (Variant, Placement),
+        denominator: (Variant, Placement),
+    ) -> Vec<f64> {
+        let mut ratios: Vec<f64> = self
+            .rounds(numerator.0, consumers, numerator.1)
+            .into_iter()
+            .filter_map(|m| {
+                let paired = self
+                    .rounds(denominator.0, consumers, denominator.1)
+                    .into_iter()
+                    .find(|b| b.round == m.round)?;
+                Some(m.per_second() / paired.per_second())
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios
+    }
+}
+
+/// Measures the cluster variants of `plan` on `db`, created through the cluster's first
+/// node: in each round, at each consumer count, each variant with every consumer on the
+/// first node and spread over every node, back to back (in alternating order from round
+/// to round), so that the two placements see the same machine state.
+pub async fn run_cluster(
+    db: &TestDatabase<AsyncMysqlConnection>,
+    cluster: &Cluster,
+    plan: &Plan,
+    progress: &Progress,
+) -> anyhow::Result<ClusterRun> {
+    let began = Instant::now();
+    let mut admin = connect(db).await?;
+    // The checks read on the first node what consumers committed on any node.
+    admin
+        .batch_execute("SET SESSION wsrep_sync_wait = 1")
+        .await?;
+    setup::create_tables(&mut admin).await?;
+    let mut server = probe::server_info(&mut admin).await?;
+    server
+        .settings
+        .extend(probe::cluster_settings(&mut admin).await?);
+    progress.note(format!(
+        "{}, {}: {}",
+        cluster::NAME,
+        db.name(),
+        server.version
+    ));
+    let urls: Vec<String> = (0..cluster.nodes())
+        .map(|n| cluster.node_url(n, db.name()))
+        .collect();
+    let mut watch = Vec::with_capacity(cluster.nodes());
+    for n in 0..cluster.nodes() {
+        watch.push(cluster.causal(n, db.name()).await?);
+    }
+    let mut seed = seeds()?;
+    let mut measurements = Vec::new();
+    for (round, consumers) in plan.consumer_rounds() {
+        for &variant in &plan.cluster {
+            for placement in Placement::order(round) {
+                setup::reset(&mut admin).await?;
+                cluster::wait_for_every_node(&mut watch, ACCOUNTS).await?;
+                let step = Step {
+                    db,
+                    variant,
+                    consumers,
+                    round,
+                    workload: variant.workload(seed(), plan.messages),
+                    on: Consumers::Nodes {
+                        urls: &urls,
+                        placement,
+                        watch: &mut watch,
+                    },
+                };
+                measurements.push(step.measure(&mut admin, progress).await?);
+            }
+        }
+    }
+    Ok(ClusterRun {
+        server,
+        nodes: cluster.nodes(),
+        measurements,
+        elapsed: began.elapsed(),
+    })
+}
+
 /// One measurement to take.
 struct Step<'a, C: BenchConnection> {
     db: &'a TestDatabase<C>,
@@ -238,17 +380,52 @@ struct Step<'a, C: BenchConnection> {
     consumers: usize,
     round: u32,
     workload: Workload,
+    on: Consumers<'a>,
+}
+
+/// Where a step's consumers connect.
+enum Consumers<'a> {
+    /// The run's database.
+    Database,
+    /// The nodes of a cluster, each by its URL of the run's database, as `placement`
+    /// spreads them; `watch` holds a causal connection to each node for the probe and
+    /// the checks.
+    Nodes {
+        urls: &'a [String],
+        placement: Placement,
+        watch: &'a mut [AsyncMysqlConnection],
+    },
 }
 
 impl<C: BenchConnection> Step<'_, C> {
-    async fn measure(self, admin: &mut C, progress: &Progress) -> anyhow::Result<Measurement> {
-        let name = step_name(C::BACKEND, self.consumers, self.variant);
+    async fn measure(mut self, admin: &mut C, progress: &Progress) -> anyhow::Result<Measurement> {
+        let place = match &self.on {
+            Consumers::Database => C::BACKEND.name().to_owned(),
+            Consumers::Nodes {
+                urls, placement, ..
+            } => format!("{}, {}", cluster::NAME, placement.label(urls.len())),
+        };
+        let name = step_name(&place, self.consumers, self.variant);
         setup::checkpoint(admin).await?;
         let mut connections = Vec::with_capacity(self.consumers);
-        for _ in 0..self.consumers {
-            connections.push(connect(self.db).await?);
+        for consumer in 0..self.consumers {
+            connections.push(match &self.on {
+                Consumers::Database => connect(self.db).await?,
+                Consumers::Nodes {
+                    urls, placement, ..
+                } => {
+                    let url = &urls[placement.node(consumer, urls.len())];
+                    C::establish(url)
+                        .await
+                        .with_context(|| format!("{name}: connect to {url}"))?
+                }
+            });
         }
         let credits_before = setup::credits(admin).await?;
+        let cluster_probe = match &mut self.on {
+            Consumers::Database => None,
+            Consumers::Nodes { watch, .. } => Some(ClusterProbe::start(watch).await?),
+        };
         let probe = Probe::start(self.db, admin, &mut connections).await?;
         let bar = progress.step(name.clone(), self.workload.deliveries);
         let prune = matches!(self.variant, Variant::PruneUnderLoad { .. })
@@ -261,16 +438,34 @@ impl<C: BenchConnection> Step<'_, C> {
             None => None,
         };
         let (run, connections) = driven?;
-        let diagnostics = probe.finish(admin, connections).await?;
+        let mut diagnostics = probe.finish(admin, connections).await?;
+        if let (Some(cluster_probe), Consumers::Nodes { watch, .. }) = (cluster_probe, &mut self.on)
+        {
+            diagnostics.nodes = cluster_probe.finish(watch).await?;
+        }
         let credited = setup::credits(admin).await? - credits_before;
         self.check(&run, credited)?;
+        // Every node must hold every credit, not only the one the checks read.
+        for (n, node) in diagnostics.nodes.iter().enumerate() {
+            ensure!(
+                node.credits - credits_before == credited,
+                "{name}: node {} holds {} credits of this measurement, node 1 {credited}",
+                n + 1,
+                node.credits - credits_before,
+            );
+        }
         let pruned = match pruning {
             Some(elapsed) => Some(self.check_pruned(admin, elapsed).await?),
             None => None,
         };
+        let placement = match self.on {
+            Consumers::Database => None,
+            Consumers::Nodes { placement, .. } => Some(placement),
+        };
         let measurement = Measurement {
             variant: self.variant,
             consumers: self.consumers,
+            placement,
             round: self.round,
             deliveries: self.workload.deliveries,
             run,
@@ -360,7 +555,7 @@ impl Reference<'_> {
             backend: C::BACKEND,
             script: self.script,
         };
-        let name = step_name(C::BACKEND, self.consumers, variant);
+        let name = step_name(C::BACKEND.name(), self.consumers, variant);
         setup::checkpoint(admin).await?;
         let per_transaction = self.script.messages();
         let per_client = (messages / self.consumers as u64 / per_transaction).max(1);
@@ -392,6 +587,7 @@ impl Reference<'_> {
         let measurement = Measurement {
             variant,
             consumers: self.consumers,
+            placement: None,
             round: self.round,
             deliveries,
             run: Run {
@@ -417,10 +613,6 @@ impl Reference<'_> {
 
 /// `PostgreSQL, 8 consumer(s), (4) #[idempotent]`: a measurement's name in progress
 /// lines and errors.
-fn step_name(backend: Backend, consumers: usize, variant: Variant) -> String {
-    format!(
-        "{}, {consumers} consumer(s), {}",
-        backend.name(),
-        variant.label()
-    )
+fn step_name(place: &str, consumers: usize, variant: Variant) -> String {
+    format!("{place}, {consumers} consumer(s), {}", variant.label())
 }

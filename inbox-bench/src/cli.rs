@@ -11,13 +11,16 @@ use crate::variant::{Script, Variant};
 /// Measures what exactly-once costs: `#[idempotent]` against its alternatives, on
 /// PostgreSQL, MySQL/MariaDB and SQLite, at several consumer counts, in one run.
 ///
-/// Server URLs come from `POSTGRES_URL` and `MYSQL_URL`; a backend whose URL is not set
-/// is skipped. Each run works in a schema or database of its own and drops it at the
+/// Server URLs come from `POSTGRES_URL` and `MYSQL_URL`, a Galera cluster's from
+/// `GALERA_URLS`; a backend whose URL is not set is skipped. Each run works in a schema or database of its own and drops it at the
 /// end. Ratios are only comparable within one run.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "inbox-bench", version)]
 pub struct Args {
-    /// Backends to measure, comma-separated.
+    /// Backends to measure, comma-separated. `galera` is a MariaDB Galera cluster whose
+    /// nodes `GALERA_URLS` names (comma-separated `mysql://` URLs): variants 1, 3 and 4
+    /// with every consumer on the first node, and spread over all nodes. `all` is the
+    /// three single-server backends.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     pub backend: Vec<BackendChoice>,
 
@@ -67,6 +70,7 @@ pub enum BackendChoice {
     Postgres,
     Mysql,
     Sqlite,
+    Galera,
     All,
 }
 
@@ -78,6 +82,9 @@ pub struct Prefill(Vec<u64>);
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub backends: Vec<Backend>,
+    /// The variants measured on the Galera cluster, in report order; empty when the
+    /// cluster is not measured.
+    pub cluster: Vec<Variant>,
     pub consumers: Vec<usize>,
     pub messages: u64,
     pub rounds: u32,
@@ -105,6 +112,7 @@ impl Plan {
                 BackendChoice::Postgres => &[Backend::Postgres],
                 BackendChoice::Mysql => &[Backend::Mysql],
                 BackendChoice::Sqlite => &[Backend::Sqlite],
+                BackendChoice::Galera => &[],
                 BackendChoice::All => &Backend::ALL,
             };
             for &backend in chosen {
@@ -151,8 +159,20 @@ impl Plan {
         } else {
             1_000_000
         });
+        let cluster: Vec<Variant> = if args.backend.contains(&BackendChoice::Galera) {
+            Variant::CLUSTER
+                .into_iter()
+                .filter(|&v| chosen(v))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if args.backend.contains(&BackendChoice::Galera) && cluster.is_empty() {
+            bail!("--backend galera measures variants 1, 3 and 4: choose at least one of them");
+        }
         Ok(Self {
             backends,
+            cluster,
             consumers,
             messages,
             rounds: args.rounds,
@@ -237,7 +257,7 @@ fn parse_prefill(text: &str) -> anyhow::Result<Prefill> {
 /// The command that reproduces this run, with the server URLs it read (passwords masked).
 fn reproduction(argv: &[String]) -> String {
     let mut parts = Vec::new();
-    for variable in ["POSTGRES_URL", "MYSQL_URL"] {
+    for variable in ["POSTGRES_URL", "MYSQL_URL", "GALERA_URLS"] {
         match std::env::var(variable) {
             Ok(url) if !url.is_empty() => {
                 parts.push(format!("{variable}={}", mask_password(&url)));
@@ -305,6 +325,27 @@ mod tests {
         assert_eq!(plan.prune, Some(10_000));
         assert_eq!(plan.variants().len(), Variant::EMPTY_INBOX.len() + 2);
         assert_eq!(plan.references, Variant::references().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_cluster_is_chosen_by_name_and_measures_its_variants() {
+        let plan = |argv: &[&str]| Plan::new(Args::try_parse_from(argv).unwrap(), &[]);
+        let all = plan(&["inbox-bench"]).unwrap();
+        assert!(all.cluster.is_empty(), "`all` leaves the cluster out");
+        let galera = plan(&["inbox-bench", "--backend", "galera"]).unwrap();
+        assert!(galera.backends.is_empty());
+        assert_eq!(galera.cluster, Variant::CLUSTER);
+        let chosen = plan(&[
+            "inbox-bench",
+            "--backend",
+            "galera,mysql",
+            "--variants",
+            "4,1",
+        ]);
+        let chosen = chosen.unwrap();
+        assert_eq!(chosen.backends, [Backend::Mysql]);
+        assert_eq!(chosen.cluster, [Variant::Bare, Variant::Idempotent]);
+        assert!(plan(&["inbox-bench", "--backend", "galera", "--variants", "2"]).is_err());
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod cli;
 mod variant;
 mod workload;
 // Run: the databases, their connections and the handlers that run on them.
+mod cluster;
 mod connection;
 mod handlers;
 mod mariadb_slap;
@@ -37,22 +38,38 @@ pub use cli::{Args, Plan};
 pub use variant::{Script, Variant, reference_client};
 
 use crate::bench::BackendRun;
+use crate::cluster::Cluster;
 use crate::connection::BenchConnection;
 use crate::machine::Machine;
 use crate::progress::Progress;
 use crate::reference::ReferenceClient;
 use crate::target::Target;
 
-/// Runs every measurement of `plan`, writes the report and the chart, and returns the
-/// backends measured (a server backend without its URL is skipped, and so are a backend's
-/// reference rows without its C client).
-pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measured {
+    pub backends: Vec<Backend>,
+    /// Whether the Galera cluster was.
+    pub cluster: bool,
+}
+
+/// Runs every measurement of `plan`, writes the report and the chart, and returns what it
+/// measured (a server backend or cluster without its URL is skipped, and so are a
+/// backend's reference rows without its C client).
+pub async fn run(plan: &Plan) -> anyhow::Result<Measured> {
     let machine = Machine::probe();
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
     for &backend in &plan.backends {
         match Target::from_env(backend) {
             Ok(target) => targets.push(target),
+            Err(reason) => skipped.push(reason),
+        }
+    }
+    let mut cluster = None;
+    if !plan.cluster.is_empty() {
+        match Cluster::from_env() {
+            Ok(found) => cluster = Some(found),
             Err(reason) => skipped.push(reason),
         }
     }
@@ -74,7 +91,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
     for reason in &skipped {
         eprintln!("{reason}");
     }
-    if targets.is_empty() {
+    if targets.is_empty() && cluster.is_none() {
         bail!("no backend to measure");
     }
     let sweeps = plan.consumers.len() * plan.rounds as usize;
@@ -84,7 +101,14 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
         .filter(|(_, client)| client.is_some())
         .map(|(target, _)| plan.references_on(target.backend()).len())
         .sum();
-    let measurements = targets.len() * plan.variants().len() * sweeps + references * sweeps;
+    // The cluster measures each variant twice: on one node, and on every node.
+    let on_cluster = if cluster.is_some() {
+        2 * plan.cluster.len() * sweeps
+    } else {
+        0
+    };
+    let measurements =
+        targets.len() * plan.variants().len() * sweeps + references * sweeps + on_cluster;
     let progress = Progress::new(measurements as u64);
 
     let mut runs = Vec::new();
@@ -105,16 +129,34 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Backend>> {
             }
         });
     }
+    let mut cluster_run = None;
+    if let Some(cluster) = &cluster {
+        let db = TestDatabase::mysql(&cluster.admin_url, &target::place_name()).await?;
+        let measured = bench::run_cluster(&db, cluster, plan, &progress).await;
+        let removed = db.cleanup().await;
+        cluster_run = Some(measured?);
+        removed?;
+    }
     progress.finish();
 
-    report::write(&plan.output, plan, &machine, &runs, &skipped)?;
+    report::write(
+        &plan.output,
+        plan,
+        &machine,
+        &runs,
+        cluster_run.as_ref(),
+        &skipped,
+    )?;
     chart::draw(&plan.chart, plan, &runs)?;
     eprintln!(
         "wrote {} and {}",
         plan.output.display(),
         plan.chart.display()
     );
-    Ok(runs.iter().map(|run| run.backend).collect())
+    Ok(Measured {
+        backends: runs.iter().map(|run| run.backend).collect(),
+        cluster: cluster_run.is_some(),
+    })
 }
 
 /// Measures on `db`, then drops it, also after a failed measurement, whose error it

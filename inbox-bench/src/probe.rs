@@ -1,18 +1,20 @@
 //! What bounds a measurement: log flushes and log volume on the server before and after
 //! it, the CPU time the harness and (on a local PostgreSQL) the consumers' backends
-//! spent, and on PostgreSQL what those backends were waiting for while it ran. The log
-//! counters are server-wide, so other load on the server shows up in them.
+//! spent, on PostgreSQL what those backends were waiting for while it ran, and on a
+//! Galera cluster each node's replication counters and CPU time. The log counters are
+//! server-wide, so other load on the server shows up in them.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use diesel_async::AsyncMysqlConnection;
 use diesel_inbox::schema::INDEX_NAME;
 use diesel_inbox::testing::TestDatabase;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::Backend;
-use crate::connection::{BenchConnection, connect};
+use crate::connection::{BenchConnection, Statements as _, connect};
 
 /// How often the consumers' PostgreSQL backends are sampled. Coarse enough to cost the
 /// 2-core machine little, fine enough for a few hundred samples per measurement.
@@ -67,6 +69,43 @@ pub async fn server_info<C: BenchConnection>(conn: &mut C) -> anyhow::Result<Ser
     })
 }
 
+/// What a Galera node says about its cluster: the provider, the size, the appliers, and
+/// the apply queue's length at which flow control holds every node's commits.
+pub async fn cluster_settings(
+    conn: &mut AsyncMysqlConnection,
+) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let status = |name: &str| {
+        format!(
+            "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+             WHERE VARIABLE_NAME = '{name}'"
+        )
+    };
+    let options = first_text(conn, "SELECT @@wsrep_provider_options").await?;
+    let fc_limit = options
+        .split(';')
+        .filter_map(|option| option.split_once('='))
+        .find(|(name, _)| name.trim() == "gcs.fc_limit")
+        .map_or_else(
+            || "unknown".to_owned(),
+            |(_, value)| value.trim().to_owned(),
+        );
+    Ok(vec![
+        (
+            "wsrep_provider_version",
+            first_text(conn, &status("WSREP_PROVIDER_VERSION")).await?,
+        ),
+        (
+            "wsrep_cluster_size",
+            first_text(conn, &status("WSREP_CLUSTER_SIZE")).await?,
+        ),
+        (
+            "wsrep_slave_threads",
+            first_text(conn, "SELECT CAST(@@wsrep_slave_threads AS CHAR)").await?,
+        ),
+        ("gcs.fc_limit", fc_limit),
+    ])
+}
+
 async fn first_text<C: BenchConnection>(conn: &mut C, query: &str) -> anyhow::Result<String> {
     conn.query_texts(query.to_owned())
         .await?
@@ -91,6 +130,8 @@ pub struct Diagnostics {
     pub client_cpu: Option<Duration>,
     /// CPU time of the consumers' PostgreSQL backends, where the server is local.
     pub server_cpu: Option<Duration>,
+    /// On a Galera cluster, what each node did, in node order.
+    pub nodes: Vec<NodeCosts>,
 }
 
 /// The queries for [`Diagnostics::log_flushes`] and [`Diagnostics::log_bytes`].
@@ -323,4 +364,144 @@ pub async fn index_shape<C: BenchConnection>(conn: &mut C, rows: u64) -> IndexSh
         bytes,
         levels,
     }
+}
+
+/// What one node of a Galera cluster did during a measurement, from its `wsrep_%` status
+/// counters and its process's CPU time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeCosts {
+    /// Write-sets the node replicated: the commits its own clients made.
+    pub replicated: i64,
+    pub replicated_bytes: i64,
+    /// Write-sets the node received from the others, to certify and apply.
+    pub received: i64,
+    /// Its clients' transactions that failed certification against another node's
+    /// commit (a deadlock error at COMMIT).
+    pub cert_failures: i64,
+    /// Its clients' transactions aborted by an applier mid-body (brute-force aborts).
+    pub bf_aborts: i64,
+    /// Time the node's commits were held by flow control: some node's apply queue was
+    /// longer than `gcs.fc_limit`.
+    pub flow_control_paused: Duration,
+    /// Flow-control pauses this node asked for.
+    pub flow_control_sent: i64,
+    /// The sum of every account's balance as this node sees it, once it has applied
+    /// everything committed before the measurement ended.
+    pub credits: i64,
+    /// CPU time of the node's server process, where it runs on this machine.
+    pub cpu: Option<Duration>,
+}
+
+/// The `wsrep_%` counters of [`NodeCosts`], in its field order.
+const WSREP_COUNTERS: [&str; 7] = [
+    "WSREP_REPLICATED",
+    "WSREP_REPLICATED_BYTES",
+    "WSREP_RECEIVED",
+    "WSREP_LOCAL_CERT_FAILURES",
+    "WSREP_LOCAL_BF_ABORTS",
+    "WSREP_FLOW_CONTROL_PAUSED_NS",
+    "WSREP_FLOW_CONTROL_SENT",
+];
+
+/// A probe of every node around one measurement, on connections whose reads wait until
+/// their node has applied what the cluster committed (`wsrep_sync_wait`), so that the
+/// counters and the CPU time after it include the appliers' work.
+pub struct ClusterProbe {
+    before: Vec<NodeCosts>,
+    pids: Vec<Option<i64>>,
+}
+
+impl ClusterProbe {
+    pub async fn start(nodes: &mut [AsyncMysqlConnection]) -> anyhow::Result<Self> {
+        let mut pids = Vec::with_capacity(nodes.len());
+        let mut before = Vec::with_capacity(nodes.len());
+        for conn in nodes.iter_mut() {
+            let pid = server_pid(conn).await;
+            before.push(node_costs(conn, pid).await?);
+            pids.push(pid);
+        }
+        Ok(Self { before, pids })
+    }
+
+    /// Each node's costs since [`ClusterProbe::start`]; `credits` is its total, not a
+    /// difference.
+    pub async fn finish(
+        self,
+        nodes: &mut [AsyncMysqlConnection],
+    ) -> anyhow::Result<Vec<NodeCosts>> {
+        let mut costs = Vec::with_capacity(nodes.len());
+        for ((conn, before), pid) in nodes.iter_mut().zip(self.before).zip(self.pids) {
+            let after = node_costs(conn, pid).await?;
+            costs.push(NodeCosts {
+                replicated: after.replicated - before.replicated,
+                replicated_bytes: after.replicated_bytes - before.replicated_bytes,
+                received: after.received - before.received,
+                cert_failures: after.cert_failures - before.cert_failures,
+                bf_aborts: after.bf_aborts - before.bf_aborts,
+                flow_control_paused: after
+                    .flow_control_paused
+                    .saturating_sub(before.flow_control_paused),
+                flow_control_sent: after.flow_control_sent - before.flow_control_sent,
+                credits: after.credits,
+                cpu: elapsed_cpu(before.cpu, after.cpu),
+            });
+        }
+        Ok(costs)
+    }
+}
+
+/// The node's counters now. The balances are read first: a causal read, it waits until
+/// the node has applied everything committed before it, and the counters after it.
+async fn node_costs(
+    conn: &mut AsyncMysqlConnection,
+    pid: Option<i64>,
+) -> anyhow::Result<NodeCosts> {
+    let credits = crate::setup::credits(conn).await?;
+    let mut values = [0; WSREP_COUNTERS.len()];
+    for (value, name) in values.iter_mut().zip(WSREP_COUNTERS) {
+        let query = format!(
+            "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS
+             WHERE VARIABLE_NAME = '{name}'"
+        );
+        *value = conn
+            .query_i64s(query)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no status variable {name}: is this a Galera node?"))?;
+    }
+    let [
+        replicated,
+        replicated_bytes,
+        received,
+        cert_failures,
+        bf_aborts,
+        paused,
+        sent,
+    ] = values;
+    Ok(NodeCosts {
+        replicated,
+        replicated_bytes,
+        received,
+        cert_failures,
+        bf_aborts,
+        flow_control_paused: Duration::from_nanos(paused.max(0) as u64),
+        flow_control_sent: sent,
+        credits,
+        cpu: pid.and_then(|pid| cpu_time(&pid.to_string())),
+    })
+}
+
+/// The pid of the node's `mariadbd`, from its pid file, if it runs on this machine and
+/// the file is readable.
+async fn server_pid(conn: &mut AsyncMysqlConnection) -> Option<i64> {
+    let path = conn
+        .query_texts("SELECT @@pid_file".to_owned())
+        .await
+        .ok()?
+        .into_iter()
+        .next()?;
+    let pid: i64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    matches!(comm.trim(), "mariadbd" | "mysqld").then_some(pid)
 }

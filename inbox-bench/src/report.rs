@@ -7,8 +7,9 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use crate::backend::Backend;
-use crate::bench::{self, BackendRun, Measurement};
+use crate::bench::{self, BackendRun, ClusterRun, Measurement};
 use crate::cli::Plan;
+use crate::cluster::{self, Placement};
 use crate::machine::Machine;
 use crate::variant::{BatchSize, Script, Variant, count_label, reference_client};
 
@@ -80,13 +81,20 @@ pub fn write(
     plan: &Plan,
     machine: &Machine,
     runs: &[BackendRun],
+    cluster: Option<&ClusterRun>,
     skipped: &[String],
 ) -> anyhow::Result<()> {
-    std::fs::write(path, render(plan, machine, runs, skipped))
+    std::fs::write(path, render(plan, machine, runs, cluster, skipped))
         .with_context(|| format!("write {}", path.display()))
 }
 
-fn render(plan: &Plan, machine: &Machine, runs: &[BackendRun], skipped: &[String]) -> String {
+fn render(
+    plan: &Plan,
+    machine: &Machine,
+    runs: &[BackendRun],
+    cluster: Option<&ClusterRun>,
+    skipped: &[String],
+) -> String {
     let mut out = String::new();
     let w = &mut out;
     line(w, "# Benchmarks");
@@ -115,10 +123,15 @@ fn render(plan: &Plan, machine: &Machine, runs: &[BackendRun], skipped: &[String
         );
         line(w, "");
     }
-    render_setup(w, plan, machine, runs, skipped);
-    render_goals(w, plan, runs);
+    render_setup(w, plan, machine, runs, cluster, skipped);
+    if !runs.is_empty() {
+        render_goals(w, plan, runs);
+    }
     for run in runs {
         render_backend(w, plan, run);
+    }
+    if let Some(cluster) = cluster {
+        render_cluster(w, plan, cluster);
     }
     render_legend(w);
     out
@@ -134,6 +147,7 @@ fn render_setup(
     plan: &Plan,
     machine: &Machine,
     runs: &[BackendRun],
+    cluster: Option<&ClusterRun>,
     skipped: &[String],
 ) {
     line(w, "## How it was run");
@@ -196,6 +210,23 @@ fn render_setup(
             run.server.version,
             settings.join(", "),
             run.elapsed.as_secs_f64()
+        );
+    }
+    if let Some(cluster) = cluster {
+        let settings: Vec<String> = cluster
+            .server
+            .settings
+            .iter()
+            .map(|(name, value)| format!("`{name}` = {value}"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "- {}, {} nodes: {} ({}); measured in {:.0} s",
+            cluster::NAME,
+            cluster.nodes,
+            cluster.server.version,
+            settings.join(", "),
+            cluster.elapsed.as_secs_f64()
         );
     }
     for reason in skipped {
@@ -617,6 +648,159 @@ fn render_pruned(w: &mut String, plan: &Plan, run: &BackendRun) {
         line(w, &item);
     }
     line(w, "");
+}
+
+/// The cluster's table: each variant at each consumer count with every consumer on the
+/// first node, then spread over every node, and the second's throughput against the
+/// first's within each round.
+fn render_cluster(w: &mut String, plan: &Plan, run: &ClusterRun) {
+    let nodes = run.nodes;
+    let _ = writeln!(w, "## {}, {nodes} nodes", cluster::NAME);
+    line(w, "");
+    let _ = writeln!(
+        w,
+        "`one node`: every consumer connects to the first node, whose commits the others \
+         certify and apply. `{nodes} nodes`: consumer i connects to node i mod {nodes}, so \
+         every node executes a share and applies the rest. The two run back to back for \
+         each variant, in alternating order from round to round. After each measurement \
+         every node's balances were read once it had applied everything committed \
+         (`wsrep_sync_wait = 1`), and each held every credit exactly once."
+    );
+    line(w, "");
+    let ranged = plan.rounds > 1;
+    let spread = Placement::EveryNode.label(nodes);
+    let versus = format!("{spread} / one node");
+    let mut head = vec!["consumers", "placement", "variant", "msg/s"];
+    if ranged {
+        head.push("range");
+    }
+    head.extend([
+        versus.as_str(),
+        "vs (1)",
+        "statements/msg",
+        "retries",
+        "cert failures",
+        "BF aborts",
+        "flow control paused",
+        "write-set bytes/msg",
+        "CPU µs/msg servers",
+        "CPU µs/msg by node",
+        "CPU µs/msg harness",
+    ]);
+    table_row(w, head.iter().map(|cell| cell.to_string()));
+    let rule = (0..head.len()).map(|column| {
+        let left = column == 1 || column == 2;
+        (if left { "---" } else { "---:" }).to_owned()
+    });
+    table_row(w, rule);
+    for &consumers in &plan.consumers {
+        for &variant in &plan.cluster {
+            for placement in [Placement::OneNode, Placement::EveryNode] {
+                let Some(m) = run.find(variant, consumers, placement) else {
+                    continue;
+                };
+                let mut cells = vec![
+                    consumers.to_string(),
+                    placement.label(nodes),
+                    variant.label(),
+                    thousands(m.per_second()),
+                ];
+                if ranged {
+                    let rounds = run.rounds(variant, consumers, placement);
+                    let (slowest, fastest) = (rounds[0], rounds[rounds.len() - 1]);
+                    cells.push(format!(
+                        "{}–{}",
+                        thousands(slowest.per_second()),
+                        thousands(fastest.per_second())
+                    ));
+                }
+                let against_one_node = match placement {
+                    Placement::OneNode => String::new(),
+                    Placement::EveryNode => ratio_text(&run.ratios(
+                        consumers,
+                        (variant, placement),
+                        (variant, Placement::OneNode),
+                    )),
+                };
+                let against_bare = ratio_text(&run.ratios(
+                    consumers,
+                    (variant, placement),
+                    (Variant::Bare, placement),
+                ));
+                let nodes_costs = &m.diagnostics.nodes;
+                let sum = |field: fn(&crate::probe::NodeCosts) -> i64| {
+                    nodes_costs.iter().map(field).sum::<i64>()
+                };
+                let paused = nodes_costs
+                    .iter()
+                    .map(|node| node.flow_control_paused)
+                    .max()
+                    .unwrap_or_default();
+                let node_cpu: Vec<Option<f64>> = nodes_costs
+                    .iter()
+                    .map(|node| cpu_per_delivery(m, node.cpu))
+                    .collect();
+                let servers_cpu: Option<f64> = node_cpu.iter().copied().sum();
+                cells.extend([
+                    against_one_node,
+                    against_bare,
+                    format!("{:.2}", m.per_delivery(m.run.statements as i64)),
+                    m.run.tally.retries.to_string(),
+                    sum(|node| node.cert_failures).to_string(),
+                    sum(|node| node.bf_aborts).to_string(),
+                    format!(
+                        "{:.0}%",
+                        100.0 * paused.as_secs_f64() / m.run.elapsed.as_secs_f64()
+                    ),
+                    format!("{:.0}", m.per_delivery(sum(|node| node.replicated_bytes))),
+                    optional(servers_cpu, 0),
+                    node_cpu
+                        .iter()
+                        .map(|cpu| optional(*cpu, 0))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    optional(cpu_per_delivery(m, m.diagnostics.client_cpu), 0),
+                ]);
+                table_row(w, cells);
+            }
+        }
+    }
+    line(w, "");
+    for item in [
+        format!(
+            "**{versus}** and **vs (1)**: the median of the ratios within each round, with \
+             their range."
+        ),
+        "**retries**: deliveries repeated after a transient error (a certification \
+         failure or a brute-force abort is a deadlock, 1213, which `classify` calls \
+         transient). **cert failures** and **BF aborts**: the nodes' \
+         `wsrep_local_cert_failures` and `wsrep_local_bf_aborts`, summed."
+            .to_owned(),
+        "**flow control paused**: the largest of the nodes' `wsrep_flow_control_paused_ns`, \
+         as a share of the measurement's time: how long some node's apply queue held every \
+         node's commits."
+            .to_owned(),
+        "**write-set bytes/msg**: `wsrep_replicated_bytes` summed over the nodes, per \
+         delivery: what each commit sends to the others to certify and apply."
+            .to_owned(),
+        "**CPU µs/msg**: the nodes' `mariadbd` processes (summed, then node by node, \
+         appliers included: read after every node had caught up) and the harness's."
+            .to_owned(),
+    ] {
+        let _ = writeln!(w, "- {item}");
+    }
+    line(w, "");
+}
+
+/// `0.85 (0.80–0.90)`: the median of `ratios`, sorted, and their range where it shows.
+fn ratio_text(ratios: &[f64]) -> String {
+    match (bench::median(ratios), ratios.first(), ratios.last()) {
+        (Some(median), Some(low), Some(high)) if high - low >= 0.005 => {
+            format!("{median:.2} ({low:.2}–{high:.2})")
+        }
+        (Some(median), _, _) => format!("{median:.2}"),
+        _ => String::new(),
+    }
 }
 
 /// One Markdown table row.

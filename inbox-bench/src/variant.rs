@@ -149,6 +149,11 @@ impl Variant {
         Self::BareBatch(BatchSize::Hundred),
     ];
 
+    /// The variants measured on a Galera cluster: the ceiling, the library's statements by
+    /// hand, and the library, each a single transaction per message. The others measure
+    /// the library's modes and alternatives, which a cluster changes no differently.
+    pub const CLUSTER: [Self; 3] = [Self::Bare, Self::HandWritten, Self::Idempotent];
+
     /// Every variant's number, as [`Variant::number`] gives it, in report order.
     pub fn numbers() -> Vec<&'static str> {
         let mut numbers: Vec<&'static str> = Self::EMPTY_INBOX

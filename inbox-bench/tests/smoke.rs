@@ -1,6 +1,7 @@
 //! The harness's smoke mode, run in-process: SQLite always, PostgreSQL and MySQL when
 //! `POSTGRES_URL` and `MYSQL_URL` are set, with each backend's reference rows where its C
-//! client (pgbench, mariadb-slap, sqlite3) is on PATH. It proves the harness works end to end; it never asserts a speed.
+//! client (pgbench, mariadb-slap, sqlite3) is on PATH, and the Galera cluster when
+//! `GALERA_URLS` is set. It proves the harness works end to end; it never asserts a speed.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,7 +14,10 @@ use tempfile::TempDir;
 async fn smoke_run_writes_a_row_per_variant_and_consumer_count_and_a_chart() {
     let run = Run::new(&["--messages", "40", "--consumers", "1,4", "--prefill", "2k"]);
 
-    let measured = inbox_bench::run(&run.plan).await.expect("smoke run");
+    let measured = inbox_bench::run(&run.plan)
+        .await
+        .expect("smoke run")
+        .backends;
 
     assert!(measured.contains(&Backend::Sqlite), "{measured:?}");
     // A server whose URL is set must be measured, not skipped.
@@ -72,7 +76,8 @@ async fn a_run_of_chosen_variants_reports_only_those() {
 
     let measured = inbox_bench::run(&run.plan)
         .await
-        .expect("run of chosen variants");
+        .expect("run of chosen variants")
+        .backends;
 
     let report = std::fs::read_to_string(&run.output).expect("report written");
     for backend in &measured {
@@ -101,6 +106,56 @@ async fn a_run_of_chosen_variants_reports_only_those() {
             report.contains("| (4) / (3) ≥ 0.97 | not measured |"),
             "{report}"
         );
+    }
+}
+
+/// On the cluster, every chosen variant at every consumer count, with the consumers on
+/// one node and on every node; the run checks every node's balances itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_run_measures_one_node_against_every_node() {
+    let nodes = match std::env::var("GALERA_URLS") {
+        Ok(urls) if !urls.is_empty() => urls.split(',').count(),
+        _ => {
+            eprintln!(
+                "skipping: GALERA_URLS is not set (scripts/galera.sh start starts a cluster)"
+            );
+            return;
+        }
+    };
+    let run = Run::new(&[
+        "--backend",
+        "galera",
+        "--messages",
+        "30",
+        "--consumers",
+        "1,4",
+        "--variants",
+        "1,4",
+    ]);
+
+    let measured = inbox_bench::run(&run.plan)
+        .await
+        .expect("cluster smoke run");
+
+    assert!(
+        measured.cluster && measured.backends.is_empty(),
+        "{measured:?}"
+    );
+    let report = std::fs::read_to_string(&run.output).expect("report written");
+    let section = report
+        .split("\n## ")
+        .find(|section| section.starts_with("MariaDB Galera"))
+        .unwrap_or_else(|| panic!("no cluster section:\n{report}"));
+    for consumers in [1, 4] {
+        for placement in ["one node".to_owned(), format!("{nodes} nodes")] {
+            for variant in [Variant::Bare, Variant::Idempotent] {
+                let row = format!("| {consumers} | {placement} | {} | ", variant.label());
+                assert!(
+                    section.lines().any(|line| line.starts_with(&row)),
+                    "no row starting `{row}`:\n{section}"
+                );
+            }
+        }
     }
 }
 
