@@ -60,6 +60,15 @@ fn goals(plan: &Plan) -> Vec<Goal> {
             denominator: Variant::Idempotent,
             at_least: 0.8,
         });
+        // The same inbox without the pruner: what pruning costs, apart from what an
+        // inbox of that size does.
+        if plan.prefill.contains(&rows) {
+            goals.push(Goal {
+                numerator: Variant::PruneUnderLoad { rows },
+                denominator: Variant::Prefilled { rows },
+                at_least: 0.8,
+            });
+        }
     }
     goals.extend([
         Goal {
