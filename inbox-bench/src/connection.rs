@@ -368,10 +368,10 @@ impl BenchConnection for AsyncMysqlConnection {
         self.batch_execute(
             "RELEASE SAVEPOINT diesel_inbox_marker; \
              SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_marker_lost'); \
+             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_lost_marker'); \
              COMMIT; \
              SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_marker_lost'); \
+             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_lost_marker'); \
              SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
              @diesel_inbox_autocommit = NULL",
         )

@@ -35,10 +35,11 @@ macro_rules! savepoint {
 }
 pub(super) use savepoint;
 
-/// Quoted by the error of a check that finds this call's marker row gone.
+/// Quoted by the error of a check that finds this call's marker row gone. It must not
+/// contain the savepoint's name, which the same error would then seem to quote.
 macro_rules! lost_marker {
     () => {
-        "diesel_inbox_marker_lost"
+        "diesel_inbox_lost_marker"
     };
 }
 pub(super) use lost_marker;
@@ -145,4 +146,14 @@ where
 /// savepoint's name, and the value a check sets, in every language it reports errors in.
 fn quotes(error: &Error, ours: &str) -> bool {
     matches!(error, Error::DatabaseError(_, info) if info.message().contains(ours))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Each of our errors is told by the text it quotes, so neither text holds the other.
+    #[test]
+    fn a_lost_marker_is_not_taken_for_a_lost_savepoint() {
+        assert!(!lost_marker!().contains(savepoint!()));
+        assert!(!savepoint!().contains(lost_marker!()));
+    }
 }
