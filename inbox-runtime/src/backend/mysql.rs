@@ -449,11 +449,19 @@ mod imp {
     macro_rules! own_marker_visible {
         () => {
             concat!(
-                "SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-                 WHERE id = @diesel_inbox_marker_id), @@sql_mode, '",
+                "SET sql_mode = IF(",
+                own_marker_exists!(),
+                ", @@sql_mode, '",
                 lost_marker!(),
                 "')"
             )
+        };
+    }
+
+    /// Whether this call's marker row, by the id its insert recorded, is visible.
+    macro_rules! own_marker_exists {
+        () => {
+            "EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id)"
         };
     }
 
@@ -491,10 +499,7 @@ mod imp {
             C: AsyncConnection<Backend = Self>,
         {
             // Rare: only after the transaction ended underneath the body.
-            diesel::select(diesel::dsl::sql::<Bool>(
-                "EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id)",
-            ))
-            .get_result(conn)
+            diesel::select(diesel::dsl::sql::<Bool>(own_marker_exists!())).get_result(conn)
         }
     }
 
