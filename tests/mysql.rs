@@ -342,10 +342,10 @@ async fn credit_in_a_replaced_transaction(
 }
 
 /// A savepoint of the crate's name in a newer transaction does not pass for the one the
-/// marker was inserted in: nothing commits, and the delivery is transient. Before the
-/// commit checked the marker row itself, the credit committed without its marker and
-/// the call returned `Processed`, which a three-node cluster turned into a message
-/// credited twice.
+/// marker was inserted in: nothing commits, and the delivery is transient, in whatever
+/// language the server reports the failed check. Before the commit checked the marker
+/// row itself, the credit committed without its marker and the call returned
+/// `Processed`, which a three-node cluster turned into a message credited twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transaction_replaced_underneath_the_body_commits_nothing() {
     let Some(db) = create("replaced_transaction").await else {
@@ -353,24 +353,34 @@ async fn a_transaction_replaced_underneath_the_body_commits_nothing() {
     };
     bounded(async {
         common::create_tables(&db, 1).await;
-        let mut conn = db.connect().await;
-        let message = Credit::new(0);
-        let error = credit_in_a_replaced_transaction(&mut conn, &message)
-            .await
-            .expect_err("the marker's transaction is gone");
-        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
-        assert_eq!(db.inbox_rows().await, 0);
-        assert_eq!(common::balances(&db, 1).await, vec![0]);
-        // The session is as it was, and the redelivery is processed.
-        assert_eq!(
-            select_i64(&mut conn, "SELECT @@autocommit").await.unwrap(),
-            1
-        );
-        assert_eq!(
-            common::credit(&mut conn, &message).await.unwrap(),
-            Outcome::Processed(())
-        );
-        assert_eq!(common::balances(&db, 1).await, vec![1]);
+        for (n, language) in (0..).zip(["en_US", "de_DE", "fr_FR", "ja_JP", "zh_CN"]) {
+            let mut conn =
+                common::connect_with(&db, &format!("SET lc_messages = '{language}'")).await;
+            let message = Credit {
+                message_id: format!("msg-{n}"),
+                account: 0,
+            };
+            let error = credit_in_a_replaced_transaction(&mut conn, &message)
+                .await
+                .expect_err("the marker's transaction is gone");
+            assert_eq!(
+                classify(&error),
+                ErrorClass::Transient,
+                "{language}: {error}"
+            );
+            assert_eq!(db.inbox_rows().await, n);
+            assert_eq!(common::balances(&db, 1).await, vec![n]);
+            // The session is as it was, and the redelivery is processed.
+            assert_eq!(
+                select_i64(&mut conn, "SELECT @@autocommit").await.unwrap(),
+                1
+            );
+            assert_eq!(
+                common::credit(&mut conn, &message).await.unwrap(),
+                Outcome::Processed(())
+            );
+            assert_eq!(common::balances(&db, 1).await, vec![n + 1]);
+        }
     })
     .await;
     db.cleanup().await;
