@@ -332,9 +332,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
     }
 }
 
-/// Runs the consumers, killing one about every `kill_every_ms`, until every message has
-/// been applied and none is left to handle; then stops them gracefully, and lets one
-/// consumer take what their stop handed back. Returns the number of kills.
+/// Runs the consumers, killing one once they are under way and then about every
+/// `kill_every_ms`, until every message has been applied and none is left to handle;
+/// then stops them gracefully, and lets one consumer take what their stop handed back.
+/// Returns the number of kills.
 async fn consume_under_kills(
     args: &RunArgs,
     topology: &Topology,
@@ -367,7 +368,9 @@ async fn consume_under_kills(
                 format!("not drained in time: {applied} of {unique} messages applied").into(),
             );
         }
-        if Instant::now() >= kill_at {
+        // The first kill as soon as the consumers are under way, so that a run that
+        // drains faster than the first interval is still killed mid-stream.
+        if Instant::now() >= kill_at || (kills == 0 && applied > 0) {
             consumers.kill_one().await?;
             kills += 1;
             kill_at = next_kill(Instant::now());
