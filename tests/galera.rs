@@ -416,3 +416,69 @@ async fn business_conflicts_are_classified_on_the_cluster() {
     .await;
     cluster.cleanup().await;
 }
+
+/// Credits account 0, then leaves the crate's COMMIT a transaction that is not the
+/// marker's, with a savepoint of the crate's name in it: what a node leaves when another
+/// node's commit aborts the transaction while the crate's `RELEASE SAVEPOINT` runs. The
+/// server reports only a warning there, and the COMMIT after it, in the same batch, ends
+/// a new, empty transaction. This body does the same by hand.
+#[idempotent(consumer = "replaced", key = credit.message_id.as_str(), fast_path = false)]
+async fn credit_in_a_replaced_transaction(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+) -> Result<(), Error> {
+    conn.batch_execute(
+        "UPDATE accounts SET balance = balance + 1 WHERE id = 0; \
+         ROLLBACK; SAVEPOINT diesel_inbox_marker",
+    )
+    .await
+}
+
+/// On a node, a COMMIT that ends a newer transaction does not pass for the marker's: the
+/// call is transient and nothing commits, whether the connection's check after the
+/// COMMIT is prepared by this call or was by an earlier one, and in whatever language
+/// the server reports the failed check. Without that check the call returns `Processed`
+/// for a message whose credit and marker were rolled back, and the message is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_that_ends_a_newer_transaction_commits_nothing() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("replaced_transaction").await else {
+        return;
+    };
+    bounded(async {
+        cluster.create_tables(1).await;
+        let mut credited = 0;
+        for (n, language) in (0..).zip(["en_US", "de_DE", "fr_FR", "ja_JP", "zh_CN"]) {
+            let mut conn =
+                common::connect_with(&cluster, &format!("SET lc_messages = '{language}'")).await;
+            for attempt in ["first commit", "prepared"] {
+                let message = Credit {
+                    message_id: format!("msg-{n}-{attempt}"),
+                    account: 0,
+                };
+                let error = credit_in_a_replaced_transaction(&mut conn, &message)
+                    .await
+                    .expect_err("the marker's transaction is gone");
+                assert_eq!(
+                    classify(&error),
+                    ErrorClass::Transient,
+                    "{language}, {attempt}: {error}"
+                );
+                assert_eq!(common::balances(&cluster, 1).await, vec![credited]);
+                // The session is as it was, and the redelivery is processed.
+                assert_eq!(
+                    select_i64(&mut conn, "SELECT @@autocommit").await.unwrap(),
+                    1
+                );
+                assert_eq!(
+                    common::credit(&mut conn, &message).await.unwrap(),
+                    Outcome::Processed(())
+                );
+                credited += 1;
+                assert_eq!(common::balances(&cluster, 1).await, vec![credited]);
+            }
+        }
+    })
+    .await;
+    cluster.cleanup().await;
+}

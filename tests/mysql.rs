@@ -324,68 +324,6 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
     db.cleanup().await;
 }
 
-/// Credits account 0 after its transaction has been replaced underneath it: what a
-/// Galera node does when another node's commit aborts the transaction while one of the
-/// crate's own batches runs. The server reports only a warning there, and runs the rest
-/// of the batch, which sets the crate's savepoint, in a new transaction. This body does
-/// the same by hand.
-#[idempotent(consumer = "replaced", key = credit.message_id.as_str(), fast_path = false)]
-async fn credit_in_a_replaced_transaction(
-    conn: &mut AsyncMysqlConnection,
-    credit: &Credit,
-) -> Result<(), Error> {
-    conn.batch_execute(
-        "ROLLBACK; SAVEPOINT diesel_inbox_marker; \
-         UPDATE accounts SET balance = balance + 1 WHERE id = 0",
-    )
-    .await
-}
-
-/// A savepoint of the crate's name in a newer transaction does not pass for the one the
-/// marker was inserted in: nothing commits, and the delivery is transient, in whatever
-/// language the server reports the failed check. Before the commit checked the marker
-/// row itself, the credit committed without its marker and the call returned
-/// `Processed`, which a three-node cluster turned into a message credited twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_transaction_replaced_underneath_the_body_commits_nothing() {
-    let Some(db) = create("replaced_transaction").await else {
-        return;
-    };
-    bounded(async {
-        common::create_tables(&db, 1).await;
-        for (n, language) in (0..).zip(["en_US", "de_DE", "fr_FR", "ja_JP", "zh_CN"]) {
-            let mut conn =
-                common::connect_with(&db, &format!("SET lc_messages = '{language}'")).await;
-            let message = Credit {
-                message_id: format!("msg-{n}"),
-                account: 0,
-            };
-            let error = credit_in_a_replaced_transaction(&mut conn, &message)
-                .await
-                .expect_err("the marker's transaction is gone");
-            assert_eq!(
-                classify(&error),
-                ErrorClass::Transient,
-                "{language}: {error}"
-            );
-            assert_eq!(db.inbox_rows().await, n);
-            assert_eq!(common::balances(&db, 1).await, vec![n]);
-            // The session is as it was, and the redelivery is processed.
-            assert_eq!(
-                select_i64(&mut conn, "SELECT @@autocommit").await.unwrap(),
-                1
-            );
-            assert_eq!(
-                common::credit(&mut conn, &message).await.unwrap(),
-                Outcome::Processed(())
-            );
-            assert_eq!(common::balances(&db, 1).await, vec![n + 1]);
-        }
-    })
-    .await;
-    db.cleanup().await;
-}
-
 /// DDL in the body commits the test transaction itself. The handler says so, and the
 /// connection is refused from then on rather than trusted to be in a test transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -685,6 +623,66 @@ async fn three_way_deadlock_through_the_retry_helper_is_exactly_once() {
             common::balances(&db, attempts).await,
             vec![1; attempts as usize]
         );
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// Credits account 0, then fails.
+#[idempotent(consumer = "failing", key = credit.message_id.as_str())]
+async fn credit_then_fail(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Result<(), Error> {
+    common::apply(conn, credit).await?;
+    Err(Error::RollbackTransaction)
+}
+
+/// Every way a call ends leaves the session's autocommit as the call found it, on or
+/// off: processed, duplicate, failed, a batch, and a call whose connection lost the
+/// statement it runs after the COMMIT (as a session reset drops it), which prepares it
+/// again. Each processed call is committed, also for a session with autocommit off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_call_leaves_autocommit_as_it_found_it() {
+    let Some(db) = create("autocommit_restored").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut credited = 0;
+        for autocommit in [1, 0] {
+            let mut conn =
+                common::connect_with(&db, &format!("SET autocommit = {autocommit}")).await;
+            let message = |n: &str| Credit {
+                message_id: format!("{autocommit}-{n}"),
+                account: 0,
+            };
+            let assert_session = async |conn: &mut AsyncMysqlConnection, after: &str| {
+                let found = select_i64(conn, "SELECT @@autocommit").await.unwrap();
+                assert_eq!(found, autocommit, "after {after}");
+            };
+            let processed = common::credit(&mut conn, &message("a")).await.unwrap();
+            assert_eq!(processed, Outcome::Processed(()));
+            assert_session(&mut conn, "a processed call").await;
+            let duplicate = common::credit(&mut conn, &message("a")).await.unwrap();
+            assert_eq!(duplicate, Outcome::Duplicate);
+            assert_session(&mut conn, "a duplicate").await;
+            credit_then_fail(&mut conn, &message("b"))
+                .await
+                .expect_err("the body fails");
+            assert_session(&mut conn, "a failed call").await;
+            let batch = [message("c"), message("d")];
+            let outcome = common::batch::batch_credit(&mut conn, &batch)
+                .await
+                .unwrap();
+            assert_eq!(outcome.processed(), 2);
+            assert_session(&mut conn, "a batch").await;
+            conn.batch_execute("DEALLOCATE PREPARE diesel_inbox_after_commit")
+                .await
+                .expect("prepared by the first commit");
+            let processed = common::credit(&mut conn, &message("e")).await.unwrap();
+            assert_eq!(processed, Outcome::Processed(()));
+            assert_session(&mut conn, "preparing again").await;
+            credited += 4;
+            assert_eq!(common::balances(&db, 1).await, vec![credited]);
+        }
     })
     .await;
     db.cleanup().await;

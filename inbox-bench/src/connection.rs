@@ -211,6 +211,10 @@ pub trait BenchConnection: Statements + TestConnection {
     /// statement on, for the peer flow's second transaction.
     const BEGIN_SERIALIZABLE: &'static str;
 
+    /// Ends (3)'s transaction after an error, putting back what its
+    /// [`BenchConnection::begin_with_marker`] changed in the session.
+    const ROLLBACK: &'static str = "ROLLBACK";
+
     /// Begins the transaction and inserts the marker as the library does on this
     /// backend; `Ok(false)` when a marker for the key is already committed. Whatever it
     /// returns, the caller ends the transaction.
@@ -333,21 +337,24 @@ impl BenchConnection for AsyncMysqlConnection {
     // One round trip: the SET applies to the next transaction only.
     const BEGIN_SERIALIZABLE: &'static str =
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION";
+    const ROLLBACK: &'static str = "ROLLBACK; \
+        SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+        @diesel_inbox_autocommit = NULL";
 
-    /// One batch, as the library sends it: BEGIN, a plain insert of hex literals (a
-    /// duplicate-key error meaning a duplicate: MySQL's `ON DUPLICATE KEY` cannot tell a
-    /// new row from a duplicate), the marker's id, autocommit off, and the savepoint the
-    /// commit releases.
+    /// One batch, as the library sends it: BEGIN and the savepoint the commit releases,
+    /// a plain insert of hex literals (a duplicate-key error meaning a duplicate: MySQL's
+    /// `ON DUPLICATE KEY` cannot tell a new row from a duplicate), then the marker's id
+    /// and autocommit off.
     async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
         let batch = format!(
-            "BEGIN; INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
+            "BEGIN; SAVEPOINT diesel_inbox_marker; \
+             INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
              SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
-             @diesel_inbox_autocommit = @@autocommit, autocommit = 0; \
-             SAVEPOINT diesel_inbox_marker",
+             @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
             hex_digits(&message_id),
             hex_digits(consumer),
         );
@@ -358,23 +365,37 @@ impl BenchConnection for AsyncMysqlConnection {
         }
     }
 
-    /// Also checks the marker row on both sides of the COMMIT and puts autocommit back,
-    /// in the same round trip.
-    fn commit_checked(
+    /// Then the statement each connection prepares on its first commit: on a Galera node
+    /// a check that the marker row is committed, and everywhere the restore of
+    /// autocommit, in the same round trip.
+    async fn commit_checked(
         &mut self,
         _message_id: String,
         _consumer: &'static str,
-    ) -> impl Future<Output = QueryResult<()>> + Send {
-        self.batch_execute(
-            "RELEASE SAVEPOINT diesel_inbox_marker; \
-             SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_lost_marker'); \
-             COMMIT; \
-             SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-             WHERE id = @diesel_inbox_marker_id), @@sql_mode, 'diesel_inbox_lost_marker'); \
-             SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-             @diesel_inbox_autocommit = NULL",
-        )
+    ) -> QueryResult<()> {
+        const AFTER_COMMIT: &str = "diesel_inbox_after_commit";
+        match self
+            .batch_execute("RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; EXECUTE diesel_inbox_after_commit")
+            .await
+        {
+            Err(error) if error.to_string().contains(AFTER_COMMIT) => {
+                self.batch_execute(
+                    "SET @diesel_inbox_after_commit = IF(/*M! (SELECT COUNT(*) \
+                     FROM information_schema.SYSTEM_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON' \
+                     AND 'ON' IN (GLOBAL_VALUE, SESSION_VALUE)) > 0 OR NOT */ TRUE, \
+                     'SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
+                     WHERE id = @diesel_inbox_marker_id), @@sql_mode, ''diesel_inbox_lost_marker''), \
+                     autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+                     @diesel_inbox_autocommit = NULL', \
+                     'SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+                     @diesel_inbox_autocommit = NULL'); \
+                     PREPARE diesel_inbox_after_commit FROM @diesel_inbox_after_commit; \
+                     SET @diesel_inbox_after_commit = NULL; EXECUTE diesel_inbox_after_commit",
+                )
+                .await
+            }
+            result => result,
+        }
     }
 
     async fn lock_peer_row(

@@ -137,10 +137,11 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 /// (3) The statements `#[idempotent]` issues for a new message, in its order. With
 /// unique keys its adaptive fast path never reads first, so neither does this: BEGIN and
 /// the marker insert (on PostgreSQL two round trips; on MySQL and SQLite one batch with
-/// the savepoint, and on MySQL the marker's id and autocommit off), the credit, then the
-/// backend's checked commit in one round trip (PostgreSQL: `SELECT 1; COMMIT`; MySQL and
-/// SQLite: `RELEASE SAVEPOINT …; COMMIT`, on MySQL with the marker row checked on both
-/// sides of the COMMIT). A duplicate or an error rolls back.
+/// the savepoint, on MySQL ahead of the marker, then its id and autocommit off), the
+/// credit, then the backend's checked commit in one round trip (PostgreSQL:
+/// `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …; COMMIT`, on MySQL then
+/// the statement prepared per connection that restores autocommit, after checking the
+/// marker row on a Galera node). A duplicate or an error rolls back.
 /// Transaction control is raw SQL because the library's commit is not
 /// `AsyncConnection::transaction`'s.
 async fn hand_written<C: BenchConnection>(
@@ -301,7 +302,7 @@ async fn peer_flow<C: BenchConnection>(
 /// Rolls back the transaction `error` ended, and returns `error`: it explains more than a
 /// failed ROLLBACK after it (or one with no transaction left to end).
 async fn roll_back_for<C: BenchConnection>(conn: &mut C, error: Error) -> Error {
-    let _already_over = conn.batch_execute("ROLLBACK").await;
+    let _already_over = conn.batch_execute(C::ROLLBACK).await;
     error
 }
 

@@ -849,9 +849,10 @@ fn render_legend(w: &mut String) {
          exactly-once. (3) the statements `#[idempotent]` issues for a new message, written \
          by hand: on PostgreSQL BEGIN, marker insert, credit, then `SELECT 1; COMMIT` in one \
          round trip; on MySQL and SQLite BEGIN, the marker insert and a savepoint in one \
-         batch (on MySQL with the marker's id and autocommit off), the credit, then \
-         `RELEASE SAVEPOINT …; COMMIT` in one round trip (on MySQL with the marker row \
-         checked on both sides of the COMMIT). (4) \
+         batch (on MySQL the savepoint ahead of the insert, then the marker's id and \
+         autocommit off), the credit, then `RELEASE SAVEPOINT …; COMMIT` in one round trip \
+         (on MySQL with the statement each connection prepares to restore autocommit, \
+         after checking the marker row on a Galera node). (4) \
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \

@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::Instant;
 
 use diesel::result::Error;
-use diesel_async::{AsyncConnection, TransactionManager};
+use diesel_async::AsyncConnection;
 use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
@@ -22,7 +22,7 @@ use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
 use crate::test_transaction;
-use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction, roll_back};
+use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction};
 
 /// What an `#[idempotent(batch = …)]` handler did with a batch: for each message, in the
 /// order given, whether it was processed or a duplicate, and the body's value.
@@ -312,15 +312,21 @@ where
         Enclosing::Nothing => false,
         Enclosing::TestTransaction => true,
     };
-    if in_test_transaction {
+    let message_ids = markers.message_ids.clone();
+    let new = if in_test_transaction {
         test_transaction::begin(conn).await?;
+        match C::Backend::insert_markers(conn, consumer, message_ids).await {
+            Ok(new) if new.contains(&true) => new,
+            Ok(_) => return Err(end_in_test_transaction(conn, Stop::Duplicate).await),
+            Err(error) => {
+                return Err(end_in_test_transaction(conn, Stop::Database(error)).await);
+            }
+        }
     } else {
-        C::TransactionManager::begin_transaction(conn).await?;
-    }
-    let new = match C::Backend::insert_markers(conn, consumer, markers.message_ids.clone()).await {
-        Ok(new) if new.contains(&true) => new,
-        Ok(_) => return Err(end(conn, in_test_transaction, Stop::Duplicate).await),
-        Err(error) => return Err(end(conn, in_test_transaction, Stop::Database(error)).await),
+        match C::Backend::begin_with_markers(conn, consumer, message_ids).await? {
+            new if new.contains(&true) => new,
+            _ => return Err(Stop::Duplicate),
+        }
     };
     let to_process = messages
         .iter()
@@ -369,14 +375,11 @@ where
     })
 }
 
-/// Ends the transaction (or the test transaction's savepoint) that the body never ran in.
-async fn end<C, E>(conn: &mut C, in_test_transaction: bool, stop: Stop<E>) -> Stop<E>
+/// Ends the test transaction's savepoint for a call whose body never ran.
+async fn end_in_test_transaction<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
 where
     C: AsyncConnection,
 {
-    if !in_test_transaction {
-        return roll_back(conn, stop).await;
-    }
     match test_transaction::roll_back(conn).await {
         Ok(()) => stop,
         Err(error) if matches!(stop, Stop::Duplicate) => Stop::Database(error),

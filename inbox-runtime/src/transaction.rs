@@ -285,18 +285,6 @@ where
     }
 }
 
-/// Rolls back a transaction that the body never ran in.
-pub(crate) async fn roll_back<C, E>(conn: &mut C, stop: Stop<E>) -> Stop<E>
-where
-    C: AsyncConnection,
-{
-    match C::TransactionManager::rollback_transaction(conn).await {
-        Ok(()) => stop,
-        Err(Error::BrokenTransactionManager) if !matches!(stop, Stop::Duplicate) => stop,
-        Err(rollback) => Stop::Database(rollback),
-    }
-}
-
 /// The transaction a call finds its connection in, where it can run.
 pub(crate) enum Enclosing {
     Nothing,

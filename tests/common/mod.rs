@@ -97,7 +97,7 @@ impl Credit {
 }
 
 /// The business write: one row per message gains 1.
-async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), Error> {
+pub async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), Error> {
     conn.batch_execute(&format!(
         "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
         credit.account

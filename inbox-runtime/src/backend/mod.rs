@@ -114,7 +114,6 @@ pub(crate) fn committed_early() -> diesel::result::Error {
 
 /// Rolls back the transaction that `error` ended the use of, and returns `error`: it
 /// explains more than a failed rollback, which marks the connection broken for its pool.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
     conn: &mut C,
     error: diesel::result::Error,
@@ -269,7 +268,8 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// Inserts a batch's markers as the transaction's first statements, in the order
+        /// Inserts a batch's markers as the transaction's first statements (after BEGIN, or
+        /// in a test transaction after the call's savepoint), in the order
         /// given (`message_ids` are distinct and sorted, so that overlapping batches take
         /// the keys' locks in one order and wait for each other rather than deadlock).
         /// Returns, for each id, whether its marker is new: `false` for one already
@@ -284,6 +284,32 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = QueryResult<Vec<bool>>> + Send + use<'c, Self, C>
         where
             C: AsyncConnection<Backend = Self>;
+
+        /// Begins the transaction and inserts a batch's markers as its first statements,
+        /// as BEGIN then [`Sealed::insert_markers`] do, which is how it is done by
+        /// default. When any marker is new the transaction stays open with them; when
+        /// none is, or on `Err`, the transaction is over.
+        fn begin_with_markers<'c, C>(
+            conn: &'c mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> impl Future<Output = QueryResult<Vec<bool>>> + Send + use<'c, Self, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            use diesel_async::TransactionManager;
+
+            async move {
+                C::TransactionManager::begin_transaction(conn).await?;
+                match Self::insert_markers(conn, consumer, message_ids).await {
+                    Ok(new) if new.contains(&true) => Ok(new),
+                    Ok(new) => C::TransactionManager::rollback_transaction(conn)
+                        .await
+                        .map(|()| new),
+                    Err(error) => Err(super::roll_back_for(conn, error).await),
+                }
+            }
+        }
 
         /// Commits the transaction the marker was inserted in, after checking that it is
         /// still that transaction: the database may have rolled it back underneath a

@@ -108,14 +108,22 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
     .any(|pattern| message.contains(pattern))
 }
 
-/// Puts autocommit back as the marker insert, or a claim, found it: both keep the
-/// session's setting in `@diesel_inbox_autocommit`. Run only outside a transaction:
-/// turning autocommit on commits an open one.
+/// The assignments that put autocommit back as the marker insert, or a claim, found it:
+/// both keep the session's setting in `@diesel_inbox_autocommit`. Run only outside a
+/// transaction: turning autocommit on commits an open one.
+#[cfg(feature = "mysql")]
+macro_rules! autocommit_restored {
+    () => {
+        "autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
+         @diesel_inbox_autocommit = NULL"
+    };
+}
+
+/// [`autocommit_restored!`] as a statement.
 #[cfg(feature = "mysql")]
 macro_rules! restore_autocommit {
     () => {
-        "SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-         @diesel_inbox_autocommit = NULL"
+        concat!("SET ", autocommit_restored!())
     };
 }
 
@@ -133,7 +141,7 @@ mod imp {
     use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
     use diesel::result::{DatabaseErrorKind, Error};
     use diesel::sql_types::{BigInt, Bool, Text};
-    use diesel_async::{AsyncConnection, RunQueryDsl};
+    use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
     use super::super::queries::{
         InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits,
@@ -141,31 +149,38 @@ mod imp {
     };
     use super::super::savepoint::{self, SavepointBackend, lost_marker, savepoint};
     use super::super::sealed::{self, Marker, PruneBounds};
-    use super::super::{end_unless_inserted, enter_transaction};
+    use super::super::{end_unless_inserted, enter_transaction, roll_back_for};
     use crate::schema::INDEX_NAME;
 
-    /// Right after the marker insert, in one round trip: records the new marker's id for
-    /// [`SavepointBackend::own_marker_committed`] (a session variable outlives the
-    /// transaction, and `LAST_INSERT_ID()` changes with the body's own inserts), turns
-    /// autocommit off until the transaction is over, and sets the savepoint that the
-    /// commit releases.
-    ///
-    /// Autocommit off: should the transaction end underneath the body (a Galera
-    /// brute-force abort does, and its error can reach a statement the body never sees),
-    /// the body's later statements open a new transaction, which the commit's checks
-    /// then roll back, instead of committing one by one. Measured on a three-node
-    /// cluster, that is how a message was credited twice.
-    const AFTER_MARKER_INSERT: &str = concat!(
-        "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
-         @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
-        savepoint!()
-    );
+    /// Opens a call's transaction with the savepoint that the commit releases, ahead of
+    /// the marker insert, so that the savepoint can only name the marker's transaction.
+    /// On a Galera node another node's commit can abort the transaction from outside, and
+    /// an abort that lands inside a multi-statement batch on a statement that takes no
+    /// row locks is reported as a warning: the rest of the batch runs in a new
+    /// transaction. Set after the marker, the savepoint could name that new transaction,
+    /// which the body's writes would then join and the COMMIT commit without the marker;
+    /// measured on a three-node cluster, that credited a message twice. Set before it,
+    /// the savepoint is gone from every transaction that lacks the marker.
+    const BEGIN_WITH_SAVEPOINT: &str = concat!("BEGIN; SAVEPOINT ", savepoint!());
 
-    /// [`AFTER_MARKER_INSERT`] for a batch whose marker id is already recorded.
-    const AFTER_MARKER_ID: &str = concat!(
-        "SET @diesel_inbox_autocommit = @@autocommit, autocommit = 0; SAVEPOINT ",
-        savepoint!()
-    );
+    /// Right after the marker insert, in its round trip: records the marker's id for the
+    /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`] (a
+    /// session variable outlives the transaction, and `LAST_INSERT_ID()` changes with
+    /// the body's own inserts), and turns autocommit off until the transaction is over.
+    ///
+    /// Autocommit off: should the transaction end underneath the body (a deadlock the
+    /// body swallows, a Galera abort whose error it never sees), the body's later
+    /// statements open a new transaction, which the commit then rolls back, instead of
+    /// committing one at a time. It goes off only once the marker is in, and a SET makes
+    /// all its assignments or none, so a batch that fails leaves the session as it was.
+    const AFTER_MARKER_INSERT: &str = "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
+         @diesel_inbox_autocommit = @@autocommit, autocommit = 0";
+
+    /// After a marker insert in a test transaction, which the call's savepoint already
+    /// stands in for: autocommit off, as in a call of its own, so that what a body runs
+    /// after the test transaction ended underneath it is not committed statement by
+    /// statement. The test transaction never commits, so nothing turns it back on.
+    const AUTOCOMMIT_OFF: &str = "SET autocommit = 0";
 
     impl sealed::Sealed for Mysql {
         fn already_processed<'c, C>(
@@ -182,11 +197,11 @@ mod imp {
             .get_result(conn)
         }
 
-        /// BEGIN, the marker insert and [`AFTER_MARKER_INSERT`] as one text batch, so that
-        /// a new message costs the round trips of a bare transaction. The key goes in as
-        /// hex literals, which the `VARBINARY` columns store byte for byte, as they do a
-        /// bound parameter. The server stops a batch at its first error: a duplicate's
-        /// 1062 leaves the transaction open with autocommit untouched.
+        /// [`BEGIN_WITH_SAVEPOINT`], the marker insert and [`AFTER_MARKER_INSERT`] as one
+        /// text batch, so that a new message costs the round trips of a bare transaction.
+        /// The key goes in as hex literals, which the `VARBINARY` columns store byte for
+        /// byte, as they do a bound parameter. The server stops a batch at its first
+        /// error: a duplicate's 1062 leaves the transaction open, autocommit untouched.
         fn begin_with_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -202,10 +217,10 @@ mod imp {
                 ),
             };
             let batch = format!(
-                "BEGIN; INSERT INTO inbox ({columns}) VALUES (X'{}', X'{}'{fingerprint}); {}",
+                "{BEGIN_WITH_SAVEPOINT}; INSERT INTO inbox ({columns}) \
+                 VALUES (X'{}', X'{}'{fingerprint}); {AFTER_MARKER_INSERT}",
                 hex_digits(&marker.message_id),
                 hex_digits(marker.consumer),
-                AFTER_MARKER_INSERT,
             );
             async move {
                 enter_transaction(conn)?;
@@ -213,14 +228,13 @@ mod imp {
                     Ok(()) => Ok(true),
                     // Only the insert writes to a unique index.
                     Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
-                    // Any statement may have failed, so autocommit may be off already.
-                    Err(error) => return Err(savepoint::roll_back_and_restore(conn, error).await),
+                    Err(error) => Err(error),
                 };
                 end_unless_inserted(conn, inserted).await
             }
         }
 
-        /// In a test transaction: a prepared insert, then [`AFTER_MARKER_INSERT`].
+        /// In a test transaction: a prepared insert, then [`AUTOCOMMIT_OFF`].
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -241,17 +255,7 @@ mod imp {
                     }
                 };
                 match inserted {
-                    Ok(_) => match conn.batch_execute(AFTER_MARKER_INSERT).await {
-                        Ok(()) => Ok(true),
-                        Err(error) => {
-                            // Autocommit may be off already: end the transaction here and
-                            // restore it; the caller's ROLLBACK then finds nothing to end.
-                            let _explained_by_error = conn
-                                .batch_execute(concat!("ROLLBACK; ", restore_autocommit!()))
-                                .await;
-                            Err(error)
-                        }
-                    },
+                    Ok(_) => conn.batch_execute(AUTOCOMMIT_OFF).await.map(|()| true),
                     // Our own statement on our own table: its only unique index besides the
                     // auto-increment key is the inbox's, whatever language the message is in.
                     Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
@@ -260,6 +264,7 @@ mod imp {
             }
         }
 
+        /// In a test transaction: the inserts, then [`AUTOCOMMIT_OFF`].
         async fn insert_markers<C>(
             conn: &mut C,
             consumer: &'static str,
@@ -268,77 +273,47 @@ mod imp {
         where
             C: AsyncConnection<Backend = Self>,
         {
-            // MySQL has no `INSERT … RETURNING`, and `ON DUPLICATE KEY UPDATE` reports
-            // no row of its own (see the module's docs). A plain multi-row INSERT either
-            // inserts every marker of the statement or, on a duplicate, none: InnoDB
-            // undoes the statement and the transaction goes on. Only a statement that met
-            // a duplicate is repeated, one marker per statement, which tells each marker's
-            // fate. Each statement takes the keys in ascending order, so overlapping
-            // batches wait for each other instead of deadlocking.
-            let mut new = Vec::with_capacity(message_ids.len());
-            // The last marker inserted, while the last statement inserted it: then
-            // `LAST_INSERT_ID()` is one of this transaction's markers.
-            let mut own_marker: Option<String> = None;
-            let mut last_inserted = false;
-            for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
-                let insert = InsertMarkers {
-                    message_ids: chunk.clone(),
-                    consumer,
-                    suffix: "",
-                };
-                match insert.execute(&mut *conn).await {
-                    Ok(_) => {
-                        new.resize(new.len() + chunk.len(), true);
-                        own_marker = chunk.last().cloned();
-                        last_inserted = true;
-                        continue;
-                    }
-                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
-                    Err(other) => return Err(other),
-                }
-                for message_id in chunk {
-                    let insert = plain_insert(message_id.clone(), consumer);
-                    last_inserted = match insert.execute(&mut *conn).await {
-                        Ok(_) => true,
-                        Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => false,
-                        Err(other) => return Err(other),
-                    };
-                    if last_inserted {
-                        own_marker = Some(message_id);
-                    }
-                    new.push(last_inserted);
-                }
+            let (new, last_new) = insert_batch_markers(conn, consumer, message_ids).await?;
+            if last_new.is_some() {
+                conn.batch_execute(AUTOCOMMIT_OFF).await?;
             }
-            let Some(own_marker) = own_marker else {
-                return Ok(new);
-            };
-            if !last_inserted {
-                // A duplicate came last, and `LAST_INSERT_ID()` is not to be trusted after
-                // a failed statement: the marker's id is read instead.
-                diesel::sql_query(
+            Ok(new)
+        }
+
+        /// [`BEGIN_WITH_SAVEPOINT`], the inserts, then [`AFTER_MARKER_INSERT`]'s
+        /// assignments with the id of the last new marker, one of this transaction's.
+        async fn begin_with_markers<C>(
+            conn: &mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> QueryResult<Vec<bool>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            enter_transaction(conn)?;
+            if let Err(error) = conn.batch_execute(BEGIN_WITH_SAVEPOINT).await {
+                return Err(roll_back_for(conn, error).await);
+            }
+            let new = match insert_batch_markers(conn, consumer, message_ids).await {
+                Ok((new, Some(last_new))) => diesel::sql_query(
                     "SET @diesel_inbox_marker_id = \
-                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?)",
+                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), \
+                     @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
                 )
-                .bind::<Text, _>(own_marker)
+                .bind::<Text, _>(last_new)
                 .bind::<Text, _>(consumer)
                 .execute(&mut *conn)
-                .await?;
-            }
-            match conn
-                .batch_execute(if last_inserted {
-                    AFTER_MARKER_INSERT
-                } else {
-                    AFTER_MARKER_ID
-                })
                 .await
-            {
-                Ok(()) => Ok(new),
-                Err(error) => {
-                    let _explained_by_error = conn
-                        .batch_execute(concat!("ROLLBACK; ", restore_autocommit!()))
-                        .await;
-                    Err(error)
-                }
+                .map(|_| new),
+                Ok((new, None)) => Ok(new),
+                Err(error) => Err(error),
+            };
+            match new {
+                Ok(new) if new.contains(&true) => Ok(new),
+                Ok(new) => C::TransactionManager::rollback_transaction(conn)
+                    .await
+                    .map(|()| new),
+                Err(error) => Err(roll_back_for(conn, error).await),
             }
         }
 
@@ -439,25 +414,6 @@ mod imp {
         }
     }
 
-    /// Fails, quoting [`lost_marker!`], unless this call's marker row is visible: before
-    /// the COMMIT, in the transaction about to commit; after it, as committed. On a
-    /// Galera node the savepoint proves neither: an abort that lands inside one of our
-    /// batches is reported as a warning (see the [`savepoint`] module), so the savepoint
-    /// may name a newer transaction, and the COMMIT may end none. Set to itself,
-    /// `sql_mode` is unchanged; set to the text, it fails with 1231, whose message
-    /// quotes the text in every server language.
-    macro_rules! own_marker_visible {
-        () => {
-            concat!(
-                "SET sql_mode = IF(",
-                own_marker_exists!(),
-                ", @@sql_mode, '",
-                lost_marker!(),
-                "')"
-            )
-        };
-    }
-
     /// Whether this call's marker row, by the id its insert recorded, is visible.
     macro_rules! own_marker_exists {
         () => {
@@ -465,17 +421,75 @@ mod imp {
         };
     }
 
+    /// The statement that runs after every COMMIT, by this name: each connection prepares
+    /// it on its first commit ([`PREPARE_AND_RUN_AFTER_COMMIT`]), so that the COMMIT's
+    /// round trip carries one statement more whatever the server.
+    macro_rules! after_commit {
+        () => {
+            "diesel_inbox_after_commit"
+        };
+    }
+
+    /// Whether the server replicates through wsrep (a Galera node), where a transaction
+    /// can end without an error. MariaDB shows `wsrep_on` in `SYSTEM_VARIABLES` when it
+    /// was built with wsrep (its Windows builds are not) and runs the `/*M! */` comment;
+    /// every other server reads `TRUE`, so that MySQL with a wsrep patch (Percona XtraDB
+    /// Cluster) is checked too.
+    macro_rules! replicates_through_wsrep {
+        () => {
+            "/*M! (SELECT COUNT(*) FROM information_schema.SYSTEM_VARIABLES \
+             WHERE VARIABLE_NAME = 'WSREP_ON' AND 'ON' IN (GLOBAL_VALUE, SESSION_VALUE)) > 0 \
+             OR NOT */ TRUE"
+        };
+    }
+
+    /// Prepares [`after_commit!`] for this connection, then runs it: where a transaction
+    /// can end without an error, a check that this call's marker row is committed, in
+    /// the statement that restores autocommit; elsewhere only the restore.
+    ///
+    /// The check: the released savepoint proves that the transaction was this call's up
+    /// to the COMMIT, not that the COMMIT ended it. On a Galera node, an abort landing on
+    /// `RELEASE SAVEPOINT` is reported as a warning (see [`BEGIN_WITH_SAVEPOINT`]), and
+    /// the COMMIT after it ends an empty transaction. Set to itself, `sql_mode` is
+    /// unchanged; set to the text, it fails with 1231, whose message quotes the text in
+    /// every server language, and a SET that fails makes none of its assignments.
+    const PREPARE_AND_RUN_AFTER_COMMIT: &str = concat!(
+        "SET @diesel_inbox_after_commit = IF(",
+        replicates_through_wsrep!(),
+        ", 'SET sql_mode = IF(",
+        own_marker_exists!(),
+        ", @@sql_mode, ''",
+        lost_marker!(),
+        "''), ",
+        autocommit_restored!(),
+        "', '",
+        restore_autocommit!(),
+        "'); PREPARE ",
+        after_commit!(),
+        " FROM @diesel_inbox_after_commit; SET @diesel_inbox_after_commit = NULL; EXECUTE ",
+        after_commit!()
+    );
+
     impl SavepointBackend for Mysql {
-        const RELEASE_AND_COMMIT: &'static str = concat!(
-            "RELEASE SAVEPOINT ",
-            savepoint!(),
-            "; ",
-            own_marker_visible!(),
-            "; COMMIT; ",
-            own_marker_visible!(),
-            "; ",
-            restore_autocommit!()
-        );
+        async fn release_and_commit<C>(conn: &mut C) -> QueryResult<()>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let batch = concat!(
+                "RELEASE SAVEPOINT ",
+                savepoint!(),
+                "; COMMIT; EXECUTE ",
+                after_commit!()
+            );
+            match conn.batch_execute(batch).await {
+                // Not prepared on this connection yet (its first commit, or the session was
+                // reset): the RELEASE and the COMMIT went through.
+                Err(error) if savepoint::quotes(&error, after_commit!()) => {
+                    conn.batch_execute(PREPARE_AND_RUN_AFTER_COMMIT).await
+                }
+                result => result,
+            }
+        }
         const RELEASE_AND_ROLLBACK: &'static str = concat!(
             "RELEASE SAVEPOINT ",
             savepoint!(),
@@ -530,6 +544,59 @@ mod imp {
         }
     }
 
+    /// Inserts a batch's markers, returning for each whether it is new, and the last new
+    /// one.
+    ///
+    /// MySQL has no `INSERT … RETURNING`, and `ON DUPLICATE KEY UPDATE` reports no row of
+    /// its own (see the module's docs). A plain multi-row INSERT either inserts every
+    /// marker of the statement or, on a duplicate, none: InnoDB undoes the statement and
+    /// the transaction goes on. Only a statement that met a duplicate is repeated, one
+    /// marker per statement, which tells each marker's fate. Each statement takes the keys
+    /// in ascending order, so overlapping batches wait for each other instead of
+    /// deadlocking.
+    async fn insert_batch_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<(Vec<bool>, Option<String>)>
+    where
+        C: AsyncConnection<Backend = Mysql>,
+    {
+        let mut new = Vec::with_capacity(message_ids.len());
+        let mut last_new = None;
+        for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+            let insert = InsertMarkers {
+                message_ids: chunk.clone(),
+                consumer,
+                suffix: "",
+            };
+            match insert.execute(&mut *conn).await {
+                Ok(_) => {
+                    new.resize(new.len() + chunk.len(), true);
+                    last_new = chunk.last().cloned();
+                    continue;
+                }
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+                Err(other) => return Err(other),
+            }
+            for message_id in chunk {
+                let inserted = match plain_insert(message_id.clone(), consumer)
+                    .execute(&mut *conn)
+                    .await
+                {
+                    Ok(_) => true,
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => false,
+                    Err(other) => return Err(other),
+                };
+                if inserted {
+                    last_new = Some(message_id);
+                }
+                new.push(inserted);
+            }
+        }
+        Ok((new, last_new))
+    }
+
     async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = diesel::mysql::Mysql>,
@@ -555,5 +622,20 @@ mod imp {
         diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&query))
             .get_result(conn)
             .await
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::super::savepoint::{lost_marker, savepoint};
+
+        /// A missing prepared statement is told by the name its error quotes, so that
+        /// name and the texts of the other errors hold none of each other.
+        #[test]
+        fn the_after_commit_statement_is_not_taken_for_another_error() {
+            for other in [savepoint!(), lost_marker!()] {
+                assert!(!after_commit!().contains(other));
+                assert!(!other.contains(after_commit!()));
+            }
+        }
     }
 }

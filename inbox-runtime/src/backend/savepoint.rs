@@ -10,13 +10,14 @@
 //! marker with this key exists is fooled once the transaction is gone: another delivery,
 //! which was waiting for the key, may have committed its own marker by then.
 //!
-//! A backend whose transaction can also end *without an error* adds a check of its own
-//! marker row on each side of the COMMIT, which fails quoting [`lost_marker!`]. On a
-//! Galera node, another node's commit aborts a local transaction from outside. When the
-//! abort lands on a statement of a multi-statement batch that takes no row locks, the
-//! server reports a warning, not the error, and runs the rest of the batch in a new
-//! transaction: the savepoint set in that batch then names the new transaction, and a
-//! COMMIT after an abort there commits nothing.
+//! A transaction can also end *without an error*. On a Galera node, another node's
+//! commit aborts a local transaction from outside; when the abort lands on a statement
+//! of a multi-statement batch that takes no row locks, the server reports a warning, not
+//! the error, and runs the rest of the batch in a new transaction. So the savepoint is
+//! set ahead of the marker insert, where it can only name the marker's transaction, and
+//! such a backend checks its own marker row after the COMMIT, which an abort landing on
+//! `RELEASE SAVEPOINT` leaves with nothing to commit. The check fails quoting
+//! [`lost_marker!`].
 
 use std::future::Future;
 
@@ -27,7 +28,7 @@ use diesel_async::AsyncConnection;
 use super::sealed::Sealed;
 use super::{committed_early, leave_transaction, roll_back_for, rolled_back_underneath};
 
-/// Set right after the marker insert: it names the transaction that holds the marker.
+/// Names the transaction that holds the marker.
 macro_rules! savepoint {
     () => {
         "diesel_inbox_marker"
@@ -46,9 +47,14 @@ pub(super) use lost_marker;
 
 /// A backend whose commit check is the savepoint.
 pub(super) trait SavepointBackend: Sealed {
-    /// `RELEASE SAVEPOINT …; COMMIT`, then whatever restores the session. A check that
-    /// finds this call's marker gone fails with an error quoting [`lost_marker!`].
-    const RELEASE_AND_COMMIT: &'static str;
+    /// Sends `RELEASE SAVEPOINT …; COMMIT`, then whatever restores the session, in one
+    /// round trip where it can. A check that finds this call's marker gone fails with an
+    /// error quoting [`lost_marker!`].
+    fn release_and_commit<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, Self, C>
+    where
+        C: AsyncConnection<Backend = Self>;
 
     /// `RELEASE SAVEPOINT …; ROLLBACK`, then whatever restores the session.
     const RELEASE_AND_ROLLBACK: &'static str;
@@ -77,7 +83,7 @@ pub(super) async fn commit<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    match conn.batch_execute(C::Backend::RELEASE_AND_COMMIT).await {
+    match C::Backend::release_and_commit(conn).await {
         Ok(()) => leave_transaction(conn),
         Err(error) if quotes(&error, savepoint!()) => Err(match ended_early(conn).await {
             Ok(true) => committed_early(),
@@ -144,7 +150,7 @@ where
 /// Whether the batch failed at one of our own statements: at `RELEASE SAVEPOINT`
 /// because the savepoint was gone, or at a check of the marker. The server quotes the
 /// savepoint's name, and the value a check sets, in every language it reports errors in.
-fn quotes(error: &Error, ours: &str) -> bool {
+pub(super) fn quotes(error: &Error, ours: &str) -> bool {
     matches!(error, Error::DatabaseError(_, info) if info.message().contains(ours))
 }
 

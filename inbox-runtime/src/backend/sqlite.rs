@@ -223,8 +223,15 @@ mod imp {
     }
 
     impl SavepointBackend for Sqlite {
-        const RELEASE_AND_COMMIT: &'static str =
-            concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT");
+        fn release_and_commit<'c, C>(
+            conn: &'c mut C,
+        ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            conn.batch_execute(concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT"))
+        }
+
         const RELEASE_AND_ROLLBACK: &'static str =
             concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
 
