@@ -9,7 +9,7 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 use crate::backend::InboxBackend;
-use crate::backend::sealed::{PruneBounds, Sealed as _};
+use crate::backend::sealed::{MarkerAge, PruneBounds, Sealed as _};
 
 /// Ids per statement: enough to make each round trip worth it, few enough that a
 /// batch's locks and its transaction stay short beside the handlers.
@@ -21,8 +21,9 @@ const BATCH: i64 = 1_000;
 /// [`claims::list_stale`](crate::claims::list_stale) for a person to settle.
 ///
 /// Works in batches of 1,000 ids, each one statement and so its own short transaction,
-/// lowest ids first, and stops at the first marker inside the window: it never scans
-/// the recent part of the inbox. Several instances may prune at once: none deadlocks, and no
+/// lowest ids first, up to where the window begins, which it finds by bisecting the
+/// primary key: it never scans the recent part of the inbox, and reads the old part only
+/// to delete it. Several instances may prune at once: none deadlocks, and no
 /// row is counted twice. Like a handler, it refuses a connection inside a transaction,
 /// where its batches would not be short.
 ///
@@ -72,10 +73,11 @@ where
     let Some(PruneBounds {
         start: Some(mut from),
         end: Some(end),
-    }) = C::Backend::prune_bounds(conn, window).await?
+    }) = C::Backend::prune_bounds(conn).await?
     else {
         return Ok(0);
     };
+    let end = window_start(conn, window, from, end).await?;
     let mut deleted = 0;
     // By id ranges rather than `ORDER BY id LIMIT`: each batch then starts where the
     // last one ended, instead of stepping again over the rows the earlier batches
@@ -96,4 +98,26 @@ where
         }
     }
     Ok(deleted)
+}
+
+/// The lowest id in `start..end` from which on the first marker is inside the window, or
+/// `end` when none is: where the walk of old markers stops, found by bisecting the
+/// primary key, a few dozen seeks whatever the inbox holds. Ids grow with insertion
+/// time, so the old markers lie below it. Where concurrent inserts made them grow out of
+/// step by a moment, each batch still deletes only what is old, and an old marker left
+/// above the bound goes in the next prune.
+async fn window_start<C>(conn: &mut C, window: i64, start: i64, end: i64) -> QueryResult<i64>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let (mut low, mut high) = (start, end);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match C::Backend::first_marker_from(conn, window, middle).await? {
+            Some(MarkerAge { id, old: true }) => low = id.saturating_add(1).min(high),
+            Some(MarkerAge { old: false, .. }) | None => high = middle,
+        }
+    }
+    Ok(low)
 }

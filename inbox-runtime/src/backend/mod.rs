@@ -213,13 +213,23 @@ pub(crate) mod sealed {
         pub fingerprint: Option<String>,
     }
 
-    /// The ids a prune walks, `start..end`: see [`Sealed::prune_bounds`].
+    /// The ids the inbox holds, `start..end`: see [`Sealed::prune_bounds`].
     #[derive(Debug, diesel::QueryableByName)]
     pub struct PruneBounds {
         #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
         pub start: Option<i64>,
         #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
         pub end: Option<i64>,
+    }
+
+    /// A marker found by [`Sealed::first_marker_from`].
+    #[derive(Debug, diesel::QueryableByName)]
+    pub struct MarkerAge {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub id: i64,
+        /// Processed before the window.
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        pub old: bool,
     }
 
     /// What [`InboxBackend`](super::InboxBackend) needs of a backend, out of reach of
@@ -331,15 +341,22 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
-        /// The ids [`Sealed::prune_batch`] walks: from the lowest id up to the first id
-        /// of a marker inside the `window` (measured back from the database's clock),
-        /// or past the highest when every marker is older; `None` for an empty inbox.
-        /// Ids grow with insertion time, so both ends are found by primary key order,
-        /// and the recent part of the inbox is never scanned.
+        /// The lowest id and one past the highest, read at the primary key's two ends;
+        /// `None` for an empty inbox.
         fn prune_bounds<C>(
             conn: &mut C,
-            window_micros: i64,
         ) -> impl Future<Output = QueryResult<Option<PruneBounds>>> + Send
+        where
+            C: AsyncConnection<Backend = Self>;
+
+        /// The marker with the lowest id at or above `id`, and whether it was processed
+        /// before the `window` (measured back from the database's clock): one seek on
+        /// the primary key.
+        fn first_marker_from<C>(
+            conn: &mut C,
+            window_micros: i64,
+            id: i64,
+        ) -> impl Future<Output = QueryResult<Option<MarkerAge>>> + Send
         where
             C: AsyncConnection<Backend = Self>;
 

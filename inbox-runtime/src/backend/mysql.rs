@@ -148,7 +148,7 @@ mod imp {
         plain_insert,
     };
     use super::super::savepoint::{self, SavepointBackend, lost_marker, savepoint};
-    use super::super::sealed::{self, Marker, PruneBounds};
+    use super::super::sealed::{self, Marker, MarkerAge, PruneBounds};
     use super::super::{end_unless_inserted, enter_transaction, roll_back_for};
     use crate::schema::INDEX_NAME;
 
@@ -335,21 +335,31 @@ mod imp {
             savepoint::abandon(conn)
         }
 
-        async fn prune_bounds<C>(
+        async fn prune_bounds<C>(conn: &mut C) -> QueryResult<Option<PruneBounds>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
+                .get_result::<PruneBounds>(conn)
+                .await
+                .optional()
+        }
+
+        async fn first_marker_from<C>(
             conn: &mut C,
             window_micros: i64,
-        ) -> QueryResult<Option<PruneBounds>>
+            id: i64,
+        ) -> QueryResult<Option<MarkerAge>>
         where
             C: AsyncConnection<Backend = Self>,
         {
             diesel::sql_query(
-                "SELECT MIN(id) AS start, COALESCE(\
-                 (SELECT id FROM inbox \
-                 WHERE processed_at >= NOW(6) - INTERVAL ? MICROSECOND \
-                 ORDER BY id LIMIT 1), MAX(id) + 1) AS end FROM inbox",
+                "SELECT id, processed_at < NOW(6) - INTERVAL ? MICROSECOND AS old \
+                 FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
             )
             .bind::<BigInt, _>(window_micros)
-            .get_result::<PruneBounds>(conn)
+            .bind::<BigInt, _>(id)
+            .get_result::<MarkerAge>(conn)
             .await
             .optional()
         }

@@ -51,7 +51,7 @@ mod imp {
     use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
     use super::super::queries::{NewMarker, marker_exists};
-    use super::super::sealed::{self, Marker, PruneBounds};
+    use super::super::sealed::{self, Marker, MarkerAge, PruneBounds};
     use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
     use super::ABORTED_TRANSACTION;
 
@@ -129,21 +129,31 @@ mod imp {
             }
         }
 
-        async fn prune_bounds<C>(
+        async fn prune_bounds<C>(conn: &mut C) -> QueryResult<Option<PruneBounds>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
+                .get_result::<PruneBounds>(conn)
+                .await
+                .optional()
+        }
+
+        async fn first_marker_from<C>(
             conn: &mut C,
             window_micros: i64,
-        ) -> QueryResult<Option<PruneBounds>>
+            id: i64,
+        ) -> QueryResult<Option<MarkerAge>>
         where
             C: AsyncConnection<Backend = Self>,
         {
             diesel::sql_query(
-                "SELECT MIN(id) AS start, COALESCE(\
-                 (SELECT id FROM inbox \
-                 WHERE processed_at >= now() - $1 * INTERVAL '1 microsecond' \
-                 ORDER BY id LIMIT 1), MAX(id) + 1) AS end FROM inbox",
+                "SELECT id, processed_at < now() - $1 * INTERVAL '1 microsecond' AS old \
+                 FROM inbox WHERE id >= $2 ORDER BY id LIMIT 1",
             )
             .bind::<BigInt, _>(window_micros)
-            .get_result::<PruneBounds>(conn)
+            .bind::<BigInt, _>(id)
+            .get_result::<MarkerAge>(conn)
             .await
             .optional()
         }
