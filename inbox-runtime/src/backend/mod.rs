@@ -284,9 +284,9 @@ pub(crate) mod sealed {
         /// the keys' locks in one order and wait for each other rather than deadlock).
         /// Returns, for each id, whether its marker is new: `false` for one already
         /// there, committed by another transaction that this call waited for. When any
-        /// is new, also prepares what [`Sealed::commit`] checks, as
-        /// [`Sealed::insert_marker`] does. The statements stay within the backend's
-        /// bind-parameter limit, however long the batch.
+        /// is new, also prepares what [`Sealed::commit`] checks, where
+        /// [`Sealed::begin_with_markers`] leaves that to it. The statements stay within
+        /// the backend's bind-parameter limit, however long the batch.
         fn insert_markers<'c, C>(
             conn: &'c mut C,
             consumer: &'static str,

@@ -1,7 +1,8 @@
 //! How MySQL/MariaDB and SQLite prove, at COMMIT, that the transaction is still the one
 //! that inserted this call's marker.
 //!
-//! A savepoint set right after the marker insert lives exactly as long as that
+//! A savepoint set in the transaction that holds the marker (on SQLite right after the
+//! insert, on MySQL/MariaDB with `BEGIN`, ahead of it) lives exactly as long as that
 //! transaction. Whatever ends the transaction underneath the body takes the savepoint
 //! with it: InnoDB rolling it back after a deadlock, a lock wait timeout or a Galera
 //! conflict, SQLite's `OR ROLLBACK`, an implicit commit by DDL on MySQL. So
@@ -13,11 +14,11 @@
 //! A transaction can also end *without an error*. On a Galera node, another node's
 //! commit aborts a local transaction from outside; when the abort lands on a statement
 //! of a multi-statement batch that takes no row locks, the server reports a warning, not
-//! the error, and runs the rest of the batch in a new transaction. So the savepoint is
-//! set ahead of the marker insert, where it can only name the marker's transaction, and
-//! such a backend checks its own marker row after the COMMIT, which an abort landing on
-//! `RELEASE SAVEPOINT` leaves with nothing to commit. The check fails quoting
-//! [`lost_marker!`].
+//! the error, and runs the rest of the batch in a new transaction. So MySQL/MariaDB sets
+//! the savepoint ahead of the marker insert, where it can only name the marker's
+//! transaction, and on such a node checks its own marker row after the COMMIT, which an
+//! abort landing on `RELEASE SAVEPOINT` leaves with nothing to commit. The check fails
+//! quoting [`lost_marker!`].
 
 use std::future::Future;
 
