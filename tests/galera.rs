@@ -232,10 +232,54 @@ async fn deliver(cluster: &Cluster, worker: usize, message: &Credit) -> Outcome<
     .unwrap_or_else(|error| panic!("{message:?} failed for good: {error}"))
 }
 
+/// A batch of credits in one transaction, on node `worker` and then round the others,
+/// retried as one delivery; returns how many of its messages it processed.
+async fn deliver_batch(cluster: &Cluster, worker: usize, batch: &[Credit]) -> usize {
+    let node = std::sync::atomic::AtomicUsize::new(worker);
+    retry(
+        &RetryPolicy::new()
+            .with_max_retries(50)
+            .with_max_delay(Duration::from_millis(200)),
+        || {
+            let node = node.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                let mut conn = cluster.node(node).await.map_err(|error| {
+                    Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::ClosedConnection,
+                        Box::new(error.to_string()),
+                    )
+                })?;
+                cluster_batch_credit(&mut conn, batch).await
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{batch:?} failed for good: {error}"))
+    .processed()
+}
+
+#[idempotent(consumer = "cluster-batch", batch = credits, key = |credit| credit.message_id.as_str())]
+async fn cluster_batch_credit(
+    conn: &mut AsyncMysqlConnection,
+    credits: &[Credit],
+) -> Result<(), Error> {
+    for credit in credits {
+        conn.batch_execute(&format!(
+            "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
+            credit.account
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
 /// How the race's workers handle a delivery.
 #[derive(Clone, Copy, PartialEq)]
 enum Handler {
     Idempotent,
+    /// In batches of two, each message's and the next one's, so that every batch
+    /// overlaps the batches of the rounds before and after it.
+    Batch,
     Naive,
 }
 
@@ -258,14 +302,21 @@ async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
                         galera(&["kill", "3"]);
                     }
                     let message = Credit::new(n);
-                    let outcome = match handler {
-                        Handler::Idempotent => deliver(&cluster, worker, &message).await,
+                    processed += match handler {
+                        Handler::Idempotent => {
+                            let outcome = deliver(&cluster, worker, &message).await;
+                            usize::from(outcome == Outcome::Processed(()))
+                        }
+                        Handler::Batch => {
+                            let batch = [message, Credit::new((n + 1) % messages)];
+                            deliver_batch(&cluster, worker, &batch).await
+                        }
                         Handler::Naive => {
                             let mut conn = cluster.node(worker).await.expect("the nodes are up");
-                            naive_credit(&mut conn, &message).await
+                            let outcome = naive_credit(&mut conn, &message).await;
+                            usize::from(outcome == Outcome::Processed(()))
                         }
                     };
-                    processed += usize::from(outcome == Outcome::Processed(()));
                 }
                 processed
             })
@@ -277,7 +328,7 @@ async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
     }
     if kill {
         galera(&["restart", "3"]);
-    } else if handler == Handler::Idempotent {
+    } else if handler != Handler::Naive {
         // With a node killed, a delivery can commit there and lose its answer with the
         // connection: its retry is then the duplicate, and nobody sees `Processed`.
         assert_eq!(
@@ -344,6 +395,19 @@ async fn races_across_nodes_apply_each_message_exactly_once() {
         return;
     };
     let balances = bounded(race(&cluster, Handler::Idempotent, false)).await;
+    assert_eq!(balances, vec![1; balances.len()]);
+    cluster.cleanup().await;
+}
+
+/// The same race with batch handlers, each batch overlapping its neighbours: every
+/// message is applied once, by one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_across_nodes_apply_each_message_exactly_once() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("batch_race").await else {
+        return;
+    };
+    let balances = bounded(race(&cluster, Handler::Batch, false)).await;
     assert_eq!(balances, vec![1; balances.len()]);
     cluster.cleanup().await;
 }

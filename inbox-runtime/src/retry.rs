@@ -12,7 +12,6 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 
 use crate::disposition::DatabaseErrorSource;
-use crate::outcome::Outcome;
 use crate::{ErrorClass, classify};
 
 /// How often, and how patiently, [`retry`] runs a handler again.
@@ -74,8 +73,9 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Runs `attempt` until it returns an [`Outcome`], an error that no retry can fix, or
-/// the policy is spent; returns what the last run returned.
+/// Runs `attempt` until it returns a handler's result (an [`Outcome`](crate::Outcome),
+/// or a batch handler's [`BatchOutcome`](crate::BatchOutcome)), an error that no retry
+/// can fix, or the policy is spent; returns what the last run returned.
 ///
 /// `attempt` returns a future that runs the whole handler, so each run has a
 /// transaction of its own. It should also take its connection: with a pool
@@ -114,9 +114,9 @@ impl Default for RetryPolicy {
 pub async fn retry<T, E, Run>(
     policy: &RetryPolicy,
     mut attempt: impl FnMut() -> Run,
-) -> Result<Outcome<T>, E>
+) -> Result<T, E>
 where
-    Run: Future<Output = Result<Outcome<T>, E>>,
+    Run: Future<Output = Result<T, E>>,
     E: DatabaseErrorSource + fmt::Display,
 {
     let mut delays = policy.backoff.build();
