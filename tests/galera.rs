@@ -542,6 +542,41 @@ async fn a_commit_that_ends_a_newer_transaction_commits_nothing() {
                 assert_eq!(common::balances(&cluster, 1).await, vec![credited]);
             }
         }
+
+        // A connection that moves to another database, where a statement prepared in
+        // the first would read the first one's inbox, prepares the check again there.
+        let Some(other) = create("replaced_transaction_other").await else {
+            return;
+        };
+        other.create_tables(1).await;
+        let mut conn = cluster.connect().await;
+        let message = Credit::new(0);
+        assert_eq!(
+            common::credit(&mut conn, &message).await.unwrap(),
+            Outcome::Processed(())
+        );
+        // Every id the other database's markers will take is a marker here, so a check
+        // read in the wrong inbox would find one.
+        conn.batch_execute(
+            "INSERT IGNORE INTO inbox (id, message_id, consumer) \
+             SELECT seq, CONCAT('filler-', seq), 'filler' FROM seq_1_to_1000",
+        )
+        .await
+        .unwrap();
+        conn.batch_execute(&format!("USE {}", other.db.name()))
+            .await
+            .unwrap();
+        let error = credit_in_a_replaced_transaction(&mut conn, &message)
+            .await
+            .expect_err("the marker's transaction is gone");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        assert_eq!(common::balances(&other, 1).await, vec![0]);
+        assert_eq!(
+            common::credit(&mut conn, &message).await.unwrap(),
+            Outcome::Processed(())
+        );
+        assert_eq!(common::balances(&other, 1).await, vec![1]);
+        other.cleanup().await;
     })
     .await;
     cluster.cleanup().await;

@@ -354,6 +354,7 @@ impl BenchConnection for AsyncMysqlConnection {
             "BEGIN; SAVEPOINT diesel_inbox_marker; \
              INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
              SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
+             @diesel_inbox_database = DATABASE(), \
              @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
             hex_digits(&message_id),
             hex_digits(consumer),
@@ -366,8 +367,8 @@ impl BenchConnection for AsyncMysqlConnection {
     }
 
     /// Then the statement each connection prepares on its first commit: on a Galera node
-    /// a check that the marker row is committed, and everywhere the restore of
-    /// autocommit, in the same round trip.
+    /// (and any server that is not MariaDB) a check that the marker row is committed,
+    /// and everywhere the restore of autocommit, in the same round trip.
     async fn commit_checked(
         &mut self,
         _message_id: String,
@@ -375,7 +376,9 @@ impl BenchConnection for AsyncMysqlConnection {
     ) -> QueryResult<()> {
         const AFTER_COMMIT: &str = "diesel_inbox_after_commit";
         match self
-            .batch_execute("RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; EXECUTE diesel_inbox_after_commit")
+            .batch_execute(
+                "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; EXECUTE diesel_inbox_after_commit",
+            )
             .await
         {
             Err(error) if error.to_string().contains(AFTER_COMMIT) => {
@@ -383,10 +386,11 @@ impl BenchConnection for AsyncMysqlConnection {
                     "SET @diesel_inbox_after_commit = IF(/*M! (SELECT COUNT(*) \
                      FROM information_schema.SYSTEM_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON' \
                      AND 'ON' IN (GLOBAL_VALUE, SESSION_VALUE)) > 0 OR NOT */ TRUE, \
-                     'SET sql_mode = IF(EXISTS (SELECT 1 FROM inbox \
-                     WHERE id = @diesel_inbox_marker_id), @@sql_mode, ''diesel_inbox_lost_marker''), \
+                     CONCAT('SET sql_mode = IF(@diesel_inbox_database <=> ', QUOTE(DATABASE()), \
+                     ', IF(EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id), \
+                     @@sql_mode, ''diesel_inbox_lost_marker''), ''diesel_inbox_after_commit''), \
                      autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-                     @diesel_inbox_autocommit = NULL', \
+                     @diesel_inbox_autocommit = NULL'), \
                      'SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
                      @diesel_inbox_autocommit = NULL'); \
                      PREPARE diesel_inbox_after_commit FROM @diesel_inbox_after_commit; \

@@ -141,7 +141,8 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 /// credit, then the backend's checked commit in one round trip (PostgreSQL:
 /// `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …; COMMIT`, on MySQL then
 /// the statement prepared per connection that restores autocommit, after checking the
-/// marker row on a Galera node). A duplicate or an error rolls back.
+/// marker row on a Galera node or a server that is not MariaDB). A duplicate or an error
+/// rolls back.
 /// Transaction control is raw SQL because the library's commit is not
 /// `AsyncConnection::transaction`'s.
 async fn hand_written<C: BenchConnection>(

@@ -852,7 +852,7 @@ fn render_legend(w: &mut String) {
          batch (on MySQL the savepoint ahead of the insert, then the marker's id and \
          autocommit off), the credit, then `RELEASE SAVEPOINT …; COMMIT` in one round trip \
          (on MySQL with the statement each connection prepares to restore autocommit, \
-         after checking the marker row on a Galera node). (4) \
+         after checking the marker row where the server replicates through wsrep or is not MariaDB). (4) \
          `#[idempotent]` with every delivery a new message: the same statements, since its \
          adaptive fast path reads first only once about a quarter of recent deliveries were \
          duplicates; (4b) the same with `fast_path = true`, which always reads first: one \

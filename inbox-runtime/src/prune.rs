@@ -105,7 +105,8 @@ where
 /// primary key, a few dozen seeks whatever the inbox holds. Ids grow with insertion
 /// time, so the old markers lie below it. Where concurrent inserts made them grow out of
 /// step by a moment, each batch still deletes only what is old, and an old marker left
-/// above the bound goes in the next prune.
+/// above the bound goes in the next prune. A marker processed long after its insert (a
+/// claim completed late) holds the bound below it until it is old too.
 async fn window_start<C>(conn: &mut C, window: i64, start: i64, end: i64) -> QueryResult<i64>
 where
     C: AsyncConnection,

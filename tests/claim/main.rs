@@ -1067,7 +1067,64 @@ async fn a_session_without_autocommit(db: TestDatabase<diesel_async::AsyncMysqlC
     );
 }
 
+/// Records the order, in a transaction with its marker.
+#[idempotent(consumer = "order-record", key = order.id.as_str())]
+async fn record_order(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    order: &Order,
+) -> Result<(), Error> {
+    conn.batch_execute("DO 0").await
+}
+
+/// A claim whose body records the order through a transactional handler, on the
+/// claim's own connection.
+#[idempotent(consumer = "claimed-record", key = order.id.as_str(), claim)]
+async fn claim_then_record(
+    conn: &mut diesel_async::AsyncMysqlConnection,
+    order: &Order,
+) -> Result<(), TestError> {
+    let recorded = record_order(conn, order).await?;
+    assert_eq!(recorded, Outcome::Processed(()));
+    Ok(())
+}
+
+/// A claim's body may run a transactional handler on the claim's connection: each puts
+/// back the autocommit setting it found, so a session with autocommit off still has it
+/// off afterwards, rather than the claim restoring what the handler left.
+async fn a_handler_inside_a_claim_keeps_the_session(
+    db: TestDatabase<diesel_async::AsyncMysqlConnection>,
+) {
+    let mut conn = db.connect().await.expect("connect");
+    conn.batch_execute("SET autocommit = 0")
+        .await
+        .expect("autocommit off");
+    let outcome = claim_then_record(&mut conn, &Order::new("claimed-record")).await;
+    assert!(matches!(outcome, Ok(Outcome::Processed(()))), "{outcome:?}");
+    let autocommit = select_i64(&mut conn, "SELECT @@autocommit").await;
+    assert_eq!(
+        autocommit.expect("read autocommit"),
+        0,
+        "the session's setting is back"
+    );
+}
+
 mod mysql_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_handler_inside_a_claim_keeps_the_session() {
+        let Some(url) = super::server_url("MYSQL_URL") else {
+            return;
+        };
+        let name = "claim_a_handler_inside_a_claim";
+        let db = super::TestDatabase::mysql(&url, name)
+            .await
+            .expect("database");
+        super::bounded(super::a_handler_inside_a_claim_keeps_the_session(
+            db.clone(),
+        ))
+        .await;
+        db.cleanup().await.expect("cleanup");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_session_without_autocommit() {
         let Some(url) = super::server_url("MYSQL_URL") else {

@@ -270,7 +270,8 @@ pub(crate) mod sealed {
         /// Inserts the marker row right after BEGIN, or in a test transaction after the
         /// call's savepoint; `Ok(false)` when the row was already there (committed by
         /// another transaction, which this call waited for). Also prepares whatever
-        /// [`Sealed::commit`] checks.
+        /// [`Sealed::commit`] checks, where [`Sealed::begin_with_marker`] leaves that to
+        /// it.
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,

@@ -108,9 +108,9 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
     .any(|pattern| message.contains(pattern))
 }
 
-/// The assignments that put autocommit back as the marker insert, or a claim, found it:
-/// both keep the session's setting in `@diesel_inbox_autocommit`. Run only outside a
-/// transaction: turning autocommit on commits an open one.
+/// The assignments that put autocommit back as the marker insert found it, which keeps
+/// the session's setting in `@diesel_inbox_autocommit`. Run only outside a transaction:
+/// turning autocommit on commits an open one.
 #[cfg(feature = "mysql")]
 macro_rules! autocommit_restored {
     () => {
@@ -126,10 +126,6 @@ macro_rules! restore_autocommit {
         concat!("SET ", autocommit_restored!())
     };
 }
-
-/// [`restore_autocommit!`] as a statement of its own.
-#[cfg(feature = "mysql")]
-pub(crate) const RESTORE_AUTOCOMMIT: &str = restore_autocommit!();
 
 #[cfg(feature = "mysql")]
 mod imp {
@@ -166,21 +162,17 @@ mod imp {
     /// Right after the marker insert, in its round trip: records the marker's id for the
     /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`] (a
     /// session variable outlives the transaction, and `LAST_INSERT_ID()` changes with
-    /// the body's own inserts), and turns autocommit off until the transaction is over.
+    /// the body's own inserts) and the database it is in, and turns autocommit off until
+    /// the transaction is over.
     ///
     /// Autocommit off: should the transaction end underneath the body (a deadlock the
     /// body swallows, a Galera abort whose error it never sees), the body's later
     /// statements open a new transaction, which the commit then rolls back, instead of
-    /// committing one at a time. It goes off only once the marker is in, and a SET makes
-    /// all its assignments or none, so a batch that fails leaves the session as it was.
+    /// committing one at a time. It goes off only once the marker is in, so a duplicate,
+    /// whose 1062 ends the batch at the insert, leaves the session as it was.
     const AFTER_MARKER_INSERT: &str = "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
+         @diesel_inbox_database = DATABASE(), \
          @diesel_inbox_autocommit = @@autocommit, autocommit = 0";
-
-    /// After a marker insert in a test transaction, which the call's savepoint already
-    /// stands in for: autocommit off, as in a call of its own, so that what a body runs
-    /// after the test transaction ended underneath it is not committed statement by
-    /// statement. The test transaction never commits, so nothing turns it back on.
-    const AUTOCOMMIT_OFF: &str = "SET autocommit = 0";
 
     impl sealed::Sealed for Mysql {
         fn already_processed<'c, C>(
@@ -224,17 +216,22 @@ mod imp {
             );
             async move {
                 enter_transaction(conn)?;
-                let inserted = match conn.batch_execute(&batch).await {
+                match conn.batch_execute(&batch).await {
                     Ok(()) => Ok(true),
-                    // Only the insert writes to a unique index.
-                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
-                    Err(error) => Err(error),
-                };
-                end_unless_inserted(conn, inserted).await
+                    // Only the insert writes to a unique index, and the batch stops there.
+                    Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                        end_unless_inserted(conn, Ok(false)).await
+                    }
+                    // A Galera abort can turn the last statement's success into 1213 after
+                    // it turned autocommit off: restoring is harmless where it did not.
+                    Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
+                }
             }
         }
 
-        /// In a test transaction: a prepared insert, then [`AUTOCOMMIT_OFF`].
+        /// In a test transaction, after the call's savepoint: a prepared insert, and
+        /// nothing more. Autocommit stays as it is: the test transaction never commits,
+        /// and turning autocommit back on later would commit it.
         fn insert_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -255,7 +252,7 @@ mod imp {
                     }
                 };
                 match inserted {
-                    Ok(_) => conn.batch_execute(AUTOCOMMIT_OFF).await.map(|()| true),
+                    Ok(_) => Ok(true),
                     // Our own statement on our own table: its only unique index besides the
                     // auto-increment key is the inbox's, whatever language the message is in.
                     Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
@@ -264,7 +261,7 @@ mod imp {
             }
         }
 
-        /// In a test transaction: the inserts, then [`AUTOCOMMIT_OFF`].
+        /// In a test transaction, as [`Sealed::insert_marker`] there: the inserts alone.
         async fn insert_markers<C>(
             conn: &mut C,
             consumer: &'static str,
@@ -273,10 +270,7 @@ mod imp {
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let (new, last_new) = insert_batch_markers(conn, consumer, message_ids).await?;
-            if last_new.is_some() {
-                conn.batch_execute(AUTOCOMMIT_OFF).await?;
-            }
+            let (new, _last_new) = insert_batch_markers(conn, consumer, message_ids).await?;
             Ok(new)
         }
 
@@ -298,6 +292,7 @@ mod imp {
                 Ok((new, Some(last_new))) => diesel::sql_query(
                     "SET @diesel_inbox_marker_id = \
                      (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), \
+                     @diesel_inbox_database = DATABASE(), \
                      @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
                 )
                 .bind::<Text, _>(last_new)
@@ -313,7 +308,8 @@ mod imp {
                 Ok(new) => C::TransactionManager::rollback_transaction(conn)
                     .await
                     .map(|()| new),
-                Err(error) => Err(roll_back_for(conn, error).await),
+                // As for one marker: the SET may have run before its error.
+                Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
             }
         }
 
@@ -424,6 +420,21 @@ mod imp {
         }
     }
 
+    /// The COMMIT went through, but preparing what follows it failed (the server's
+    /// `max_prepared_stmt_count` reached, say), so nothing confirmed that the COMMIT ended
+    /// this call's transaction. Transient: a redelivery finds out by the marker, and is a
+    /// duplicate where it did.
+    fn commit_unconfirmed(error: &Error) -> Error {
+        Error::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(format!(
+                "the handler's COMMIT went through, but the statement after it failed \
+                 ({error}), so whether it committed this call's transaction is not \
+                 confirmed; a redelivery settles it by the marker"
+            )),
+        )
+    }
+
     /// Whether this call's marker row, by the id its insert recorded, is visible.
     macro_rules! own_marker_exists {
         () => {
@@ -463,16 +474,24 @@ mod imp {
     /// the COMMIT after it ends an empty transaction. Set to itself, `sql_mode` is
     /// unchanged; set to the text, it fails with 1231, whose message quotes the text in
     /// every server language, and a SET that fails makes none of its assignments.
+    ///
+    /// A prepared statement runs in the database that was current when it was prepared,
+    /// `inbox` and `DATABASE()` included, so the check compares that database with the
+    /// one the marker went into ([`AFTER_MARKER_INSERT`] records it); on a connection
+    /// that has changed databases since, it fails quoting [`after_commit!`], as a
+    /// statement not prepared yet does, and is prepared again.
     const PREPARE_AND_RUN_AFTER_COMMIT: &str = concat!(
         "SET @diesel_inbox_after_commit = IF(",
         replicates_through_wsrep!(),
-        ", 'SET sql_mode = IF(",
+        ", CONCAT('SET sql_mode = IF(@diesel_inbox_database <=> ', QUOTE(DATABASE()), ', IF(",
         own_marker_exists!(),
         ", @@sql_mode, ''",
         lost_marker!(),
+        "''), ''",
+        after_commit!(),
         "''), ",
         autocommit_restored!(),
-        "', '",
+        "'), '",
         restore_autocommit!(),
         "'); PREPARE ",
         after_commit!(),
@@ -493,9 +512,14 @@ mod imp {
             );
             match conn.batch_execute(batch).await {
                 // Not prepared on this connection yet (its first commit, or the session was
-                // reset): the RELEASE and the COMMIT went through.
+                // reset), or for another database: the RELEASE and the COMMIT went through.
                 Err(error) if savepoint::quotes(&error, after_commit!()) => {
-                    conn.batch_execute(PREPARE_AND_RUN_AFTER_COMMIT).await
+                    match conn.batch_execute(PREPARE_AND_RUN_AFTER_COMMIT).await {
+                        Err(error) if !savepoint::quotes(&error, lost_marker!()) => {
+                            Err(commit_unconfirmed(&error))
+                        }
+                        result => result,
+                    }
                 }
                 result => result,
             }

@@ -151,16 +151,54 @@ where
 /// Whether the batch failed at one of our own statements: at `RELEASE SAVEPOINT`
 /// because the savepoint was gone, or at a check of the marker. The server quotes the
 /// savepoint's name, and the value a check sets, in every language it reports errors in.
+/// Only the name where it ends counts: `@diesel_inbox_marker_id`, in a statement an
+/// error quotes, is not the savepoint `diesel_inbox_marker`. (What comes before it may
+/// be a letter: the Chinese message runs the kind and the name together.)
 pub(super) fn quotes(error: &Error, ours: &str) -> bool {
-    matches!(error, Error::DatabaseError(_, info) if info.message().contains(ours))
+    let Error::DatabaseError(_, info) = error else {
+        return false;
+    };
+    let message = info.message();
+    message.match_indices(ours).any(|(at, _)| {
+        let after = message[at + ours.len()..].chars().next();
+        !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use diesel::result::{DatabaseErrorKind, Error};
+
+    use super::quotes;
+
+    fn error(message: &str) -> Error {
+        Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
     /// Each of our errors is told by the text it quotes, so neither text holds the other.
     #[test]
     fn a_lost_marker_is_not_taken_for_a_lost_savepoint() {
         assert!(!lost_marker!().contains(savepoint!()));
         assert!(!savepoint!().contains(lost_marker!()));
+    }
+
+    /// A name counts where the server quotes it, in any language's wording, and not as
+    /// the start of a longer name, such as the variable that holds the marker's id.
+    #[test]
+    fn only_the_whole_name_is_quoted() {
+        let ours = savepoint!();
+        for quoted in [
+            "SAVEPOINT diesel_inbox_marker does not exist",
+            "SAVEPOINT diesel_inbox_marker existiert nicht",
+            "SAVEPOINTdiesel_inbox_marker不存在",
+        ] {
+            assert!(quotes(&error(quoted), ours), "{quoted}");
+        }
+        for unquoted in [
+            "You have an error in your SQL syntax near '@diesel_inbox_marker_id = 1'",
+            "Deadlock found when trying to get lock",
+        ] {
+            assert!(!quotes(&error(unquoted), ours), "{unquoted}");
+        }
     }
 }

@@ -14,7 +14,6 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
-use crate::backend::mysql::RESTORE_AUTOCOMMIT;
 use crate::backend::queries::hex_digits;
 
 /// A claim nobody holds: not completed, and released or past its lease.
@@ -37,7 +36,9 @@ impl ClaimStatements for Mysql {
     /// Turns autocommit on for the delivery, in the insert's round trip: a session
     /// with autocommit off (a server's `autocommit = 0`, an `init_connect`) would hold
     /// the claim, and later its completion, in a transaction that nobody commits.
-    /// [`end_claim_session`](ClaimStatements::end_claim_session) puts it back.
+    /// [`end_claim_session`](ClaimStatements::end_claim_session) puts it back. The
+    /// setting is kept apart from a transactional handler's, which the claim's body may
+    /// call on the same connection.
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
@@ -50,8 +51,8 @@ impl ClaimStatements for Mysql {
             None => "NULL".to_owned(),
         };
         let batch = format!(
-            "SET @diesel_inbox_autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-             autocommit = 1; \
+            "SET @diesel_inbox_claim_autocommit = \
+             COALESCE(@diesel_inbox_claim_autocommit, @@autocommit), autocommit = 1; \
              INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
              {fingerprint})",
@@ -74,7 +75,10 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        conn.batch_execute(RESTORE_AUTOCOMMIT)
+        conn.batch_execute(
+            "SET autocommit = COALESCE(@diesel_inbox_claim_autocommit, @@autocommit), \
+             @diesel_inbox_claim_autocommit = NULL",
+        )
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
