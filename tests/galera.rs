@@ -207,52 +207,48 @@ async fn the_loser_across_nodes_is_transient_never_processed() {
     cluster.cleanup().await;
 }
 
+/// How the race's workers retry: patiently, since a node may be down.
+fn cluster_retries() -> RetryPolicy {
+    RetryPolicy::new()
+        .with_max_retries(50)
+        .with_max_delay(Duration::from_millis(200))
+}
+
+/// A connection to the node after the one `next` names, round-robin, so that a retry
+/// moves on from a node that failed; a node that refuses is a retryable error.
+async fn next_node(
+    cluster: &Cluster,
+    next: &std::sync::atomic::AtomicUsize,
+) -> Result<AsyncMysqlConnection, Error> {
+    let node = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    cluster.node(node).await.map_err(|error| {
+        Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ClosedConnection,
+            Box::new(error.to_string()),
+        )
+    })
+}
+
 /// What one worker does with a delivery: run it through the retry helper, on a node
 /// chosen round-robin, and move on to the next node when one fails.
 async fn deliver(cluster: &Cluster, worker: usize, message: &Credit) -> Outcome<()> {
-    let node = std::sync::atomic::AtomicUsize::new(worker);
-    retry(
-        &RetryPolicy::new()
-            .with_max_retries(50)
-            .with_max_delay(Duration::from_millis(200)),
-        || {
-            let node = node.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            async move {
-                let mut conn = cluster.node(node).await.map_err(|error| {
-                    Error::DatabaseError(
-                        diesel::result::DatabaseErrorKind::ClosedConnection,
-                        Box::new(error.to_string()),
-                    )
-                })?;
-                cluster_credit(&mut conn, message, None).await
-            }
-        },
-    )
+    let next = std::sync::atomic::AtomicUsize::new(worker);
+    retry(&cluster_retries(), || async {
+        let mut conn = next_node(cluster, &next).await?;
+        cluster_credit(&mut conn, message, None).await
+    })
     .await
     .unwrap_or_else(|error| panic!("{message:?} failed for good: {error}"))
 }
 
-/// A batch of credits in one transaction, on node `worker` and then round the others,
-/// retried as one delivery; returns how many of its messages it processed.
+/// A batch of credits in one transaction, delivered as [`deliver`] does one; returns how
+/// many of its messages it processed.
 async fn deliver_batch(cluster: &Cluster, worker: usize, batch: &[Credit]) -> usize {
-    let node = std::sync::atomic::AtomicUsize::new(worker);
-    retry(
-        &RetryPolicy::new()
-            .with_max_retries(50)
-            .with_max_delay(Duration::from_millis(200)),
-        || {
-            let node = node.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            async move {
-                let mut conn = cluster.node(node).await.map_err(|error| {
-                    Error::DatabaseError(
-                        diesel::result::DatabaseErrorKind::ClosedConnection,
-                        Box::new(error.to_string()),
-                    )
-                })?;
-                cluster_batch_credit(&mut conn, batch).await
-            }
-        },
-    )
+    let next = std::sync::atomic::AtomicUsize::new(worker);
+    retry(&cluster_retries(), || async {
+        let mut conn = next_node(cluster, &next).await?;
+        cluster_batch_credit(&mut conn, batch).await
+    })
     .await
     .unwrap_or_else(|error| panic!("{batch:?} failed for good: {error}"))
     .processed()

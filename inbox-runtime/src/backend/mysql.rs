@@ -159,6 +159,17 @@ mod imp {
     /// the savepoint is gone from every transaction that lacks the marker.
     const BEGIN_WITH_SAVEPOINT: &str = concat!("BEGIN; SAVEPOINT ", savepoint!());
 
+    /// What a call's session holds while its body runs, once the markers are in: the
+    /// database they went into, for the check after the COMMIT (see
+    /// [`PREPARE_AND_RUN_AFTER_COMMIT`]), and autocommit off, its setting kept for the
+    /// restore. Assignments of a SET that also records the marker's id.
+    macro_rules! session_for_the_body {
+        () => {
+            "@diesel_inbox_database = DATABASE(), \
+             @diesel_inbox_autocommit = @@autocommit, autocommit = 0"
+        };
+    }
+
     /// Right after the marker insert, in its round trip: records the marker's id for the
     /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`] (a
     /// session variable outlives the transaction, and `LAST_INSERT_ID()` changes with
@@ -170,9 +181,10 @@ mod imp {
     /// statements open a new transaction, which the commit then rolls back, instead of
     /// committing one at a time. It goes off only once the marker is in, so a duplicate,
     /// whose 1062 ends the batch at the insert, leaves the session as it was.
-    const AFTER_MARKER_INSERT: &str = "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
-         @diesel_inbox_database = DATABASE(), \
-         @diesel_inbox_autocommit = @@autocommit, autocommit = 0";
+    const AFTER_MARKER_INSERT: &str = concat!(
+        "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), ",
+        session_for_the_body!()
+    );
 
     impl sealed::Sealed for Mysql {
         fn already_processed<'c, C>(
@@ -289,12 +301,11 @@ mod imp {
                 return Err(roll_back_for(conn, error).await);
             }
             let new = match insert_batch_markers(conn, consumer, message_ids).await {
-                Ok((new, Some(last_new))) => diesel::sql_query(
+                Ok((new, Some(last_new))) => diesel::sql_query(concat!(
                     "SET @diesel_inbox_marker_id = \
-                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), \
-                     @diesel_inbox_database = DATABASE(), \
-                     @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
-                )
+                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
+                    session_for_the_body!()
+                ))
                 .bind::<Text, _>(last_new)
                 .bind::<Text, _>(consumer)
                 .execute(&mut *conn)
