@@ -21,7 +21,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use diesel_async::AsyncConnection;
 use diesel_inbox::testing::{TestConnection, TestDatabase};
-use diesel_inbox::{Claim, Disposition, InboxBackend, Outcome, idempotent};
+use diesel_inbox::{Claim, Disposition, ErrorClass, InboxBackend, Outcome, idempotent};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,11 +47,22 @@ enum AppError {
     Mail(#[from] reqwest::Error),
 }
 
-impl diesel_inbox::DatabaseErrorSource for AppError {
-    fn database_error(&self) -> Option<&diesel::result::Error> {
+impl diesel_inbox::Classify for AppError {
+    fn class(&self) -> ErrorClass {
         match self {
-            Self::Database(error) => Some(error),
-            Self::Mail(_) => None,
+            Self::Database(error) => error.class(),
+            // The provider is down, overloaded or slow: a later delivery can succeed.
+            Self::Mail(error)
+                if error.is_connect()
+                    || error.is_timeout()
+                    || error.status().is_some_and(|status| {
+                        status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
+                    }) =>
+            {
+                ErrorClass::Transient
+            }
+            // It refused this e-mail: no retry helps.
+            Self::Mail(_) => ErrorClass::Permanent,
         }
     }
 }

@@ -31,7 +31,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::nats::{Settled, Settlement, message_key};
-use diesel_inbox::{DatabaseErrorSource, Disposition, idempotent};
+use diesel_inbox::{Classify, Disposition, ErrorClass, idempotent};
 use futures_util::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -59,11 +59,11 @@ enum CreditError {
     NoSuchAccount(i64),
 }
 
-impl DatabaseErrorSource for CreditError {
-    fn database_error(&self) -> Option<&diesel::result::Error> {
+impl Classify for CreditError {
+    fn class(&self) -> ErrorClass {
         match self {
-            Self::Db(error) => Some(error),
-            Self::NoSuchAccount(_) => None,
+            Self::Db(error) => error.class(),
+            Self::NoSuchAccount(_) => ErrorClass::Permanent,
         }
     }
 }

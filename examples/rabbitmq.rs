@@ -27,7 +27,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::lapin::{Queues, Settled, message_key};
-use diesel_inbox::{DatabaseErrorSource, Disposition, idempotent};
+use diesel_inbox::{Classify, Disposition, ErrorClass, idempotent};
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
@@ -60,11 +60,11 @@ enum CreditError {
     NoSuchAccount(i64),
 }
 
-impl DatabaseErrorSource for CreditError {
-    fn database_error(&self) -> Option<&diesel::result::Error> {
+impl Classify for CreditError {
+    fn class(&self) -> ErrorClass {
         match self {
-            Self::Db(error) => Some(error),
-            Self::NoSuchAccount(_) => None,
+            Self::Db(error) => error.class(),
+            Self::NoSuchAccount(_) => ErrorClass::Permanent,
         }
     }
 }

@@ -78,10 +78,10 @@ pub use inbox_runtime::metrics;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
-    Claim, ClaimError, DatabaseErrorSource, Disposition, ErrorClass, Fingerprint,
+    Claim, ClaimError, Classified, Classify, Disposition, ErrorClass, Fingerprint,
     FingerprintMismatch, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, Retention,
-    SharedConsumers, check_consumers, classify, find_database_error, migrate, prune,
-    registered_handlers,
+    SharedConsumers, check_consumers, class_of, classify, find_database_error, migrate, prune,
+    registered_handlers, retry_after_of,
 };
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::{Pace, Pruner, prune_paced};

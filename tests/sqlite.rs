@@ -58,6 +58,22 @@ impl TestDb for SqliteDb {
 
 common_scenarios!(create);
 batch_scenarios!(create, swallowed = "ROLLBACK");
+verdict_scenarios!(
+    create,
+    lock_wait = "PRAGMA busy_timeout = 0",
+    read_only = "PRAGMA query_only = 1"
+);
+
+#[cfg(all(
+    feature = "retry",
+    feature = "anyhow",
+    feature = "deadpool",
+    feature = "bb8"
+))]
+#[tokio::test]
+async fn own_errors_say_their_verdict() {
+    common::verdicts::own_errors_say_their_verdict().await;
+}
 
 /// Credits the account, then records a ledger entry that already exists with
 /// `OR ROLLBACK`: SQLite answers the constraint violation by rolling back the whole

@@ -9,7 +9,7 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use diesel_inbox::{Claim, DatabaseErrorSource, Disposition, Outcome, idempotent};
+use diesel_inbox::{Claim, Classify, Disposition, Outcome, idempotent};
 
 use crate::downstream::Client;
 use crate::{BoxError, ConsumeArgs, Handler};
@@ -178,7 +178,7 @@ pub(crate) async fn handle(
 /// What to tell the broker about a handler's result, and the label to report.
 fn settle<E>(result: &Result<Outcome<()>, E>) -> (Disposition, &'static str)
 where
-    E: DatabaseErrorSource + fmt::Display,
+    E: Classify + fmt::Display,
 {
     let label = match result {
         Ok(Outcome::Processed(())) => "processed",

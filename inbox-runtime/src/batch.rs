@@ -16,13 +16,14 @@ use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
-use crate::classify::{ErrorClass, classify};
-use crate::disposition::{DatabaseErrorSource, Disposition};
+use crate::classify::classify;
+use crate::disposition::Disposition;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
 use crate::test_transaction;
 use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction};
+use crate::verdict::Classify;
 
 /// What an `#[idempotent(batch = …)]` handler did with a batch: for each message, in the
 /// order given, whether it was processed or a duplicate, and the body's value.
@@ -126,17 +127,11 @@ impl Disposition {
     /// message it names and redeliver the others.
     pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
     where
-        E: DatabaseErrorSource + fmt::Display,
+        E: Classify + fmt::Display,
     {
-        let Err(error) = result else {
-            return Self::Ack;
-        };
-        match error.database_error().map(classify) {
-            Some(ErrorClass::InboxDuplicate) => Self::Ack,
-            Some(class) if class.is_retryable() => Self::Retry { after: None },
-            Some(_) | None => Self::DeadLetter {
-                reason: error.to_string(),
-            },
+        match result {
+            Ok(_) => Self::Ack,
+            Err(error) => Self::of_error(error),
         }
     }
 }

@@ -15,10 +15,12 @@ pub enum ErrorClass {
     /// failure, a deadlock, a lock or statement timeout, `SQLITE_BUSY`, an interrupted
     /// statement. Nothing was committed: redeliver the message.
     Transient,
-    /// The connection cannot be used again: it was lost, or left inside a transaction
-    /// (by a cancelled handler, or a rollback that failed). Nothing of this call was
-    /// committed: discard the connection (pools do this for a connection left in a
-    /// transaction) and redeliver the message on another.
+    /// The connection cannot be used again, or could not be had: it was lost, left
+    /// inside a transaction (by a cancelled handler, or a rollback that failed), reaches
+    /// a server that is read-only for now (a failover), or could not be opened or taken
+    /// from the pool. Nothing of this call was committed: discard the connection (pools
+    /// do this for a connection left in a transaction) and redeliver the message on
+    /// another.
     ConnectionUnusable,
     /// Retrying the same message will fail the same way, for example a unique violation
     /// raised by the business write, or an invalid key. Dead-letter the message.
@@ -58,17 +60,7 @@ pub fn classify(error: &Error) -> ErrorClass {
             _,
         ) => ErrorClass::ConnectionUnusable,
         Error::DatabaseError(_, info) => {
-            let message = info.message();
-            if pg::is_connection_lost(message) || mysql::is_connection_lost(message) {
-                ErrorClass::ConnectionUnusable
-            } else if pg::is_transient(message)
-                || mysql::is_transient(message)
-                || sqlite::is_transient(message)
-            {
-                ErrorClass::Transient
-            } else {
-                ErrorClass::Permanent
-            }
+            classify_message(info.message()).unwrap_or(ErrorClass::Permanent)
         }
         // A claim lost to a takeover can be redelivered; every other refusal of claim
         // mode, like an invalid key or a fingerprint mismatch, is permanent.
@@ -83,6 +75,29 @@ pub fn classify(error: &Error) -> ErrorClass {
             ErrorClass::ConnectionUnusable
         }
         _ => ErrorClass::Permanent,
+    }
+}
+
+/// The class of a database error from its message alone, for the errors diesel-async
+/// reports as `Unknown`; `None` when the message is not one of them.
+///
+/// A server in read-only mode counts as an unusable connection: during a failover the
+/// pool's next connection, or a later one, reaches the server that now takes writes.
+pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
+    if pg::is_connection_lost(message)
+        || mysql::is_connection_lost(message)
+        || pg::is_read_only(message)
+        || mysql::is_read_only(message)
+        || sqlite::is_read_only(message)
+    {
+        Some(ErrorClass::ConnectionUnusable)
+    } else if pg::is_transient(message)
+        || mysql::is_transient(message)
+        || sqlite::is_transient(message)
+    {
+        Some(ErrorClass::Transient)
+    } else {
+        None
     }
 }
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use diesel::result::Error;
 
-use crate::classify::{ErrorClass, classify};
+use crate::classify::ErrorClass;
 use crate::outcome::Outcome;
+use crate::verdict::Classify;
 
 /// What to do with a delivery once its handler has returned: the one mapping from a
 /// handler's result to a broker's acknowledgement that every consumer needs.
@@ -38,81 +39,40 @@ pub enum Disposition {
 impl Disposition {
     /// Settles a handler's result: `Processed` and `Duplicate` are [`Disposition::Ack`],
     /// `InProgress` is [`Disposition::Retry`] once the holder's lease has run out; an
-    /// error is classified by the database error inside it ([`classify`]):
-    /// `InboxDuplicate` is `Ack`, `Transient` and `ConnectionUnusable` are `Retry`,
-    /// `Permanent` is `DeadLetter`. An error with no database error inside is the
-    /// handler's own verdict on the message, and is dead-lettered.
+    /// error by its [`Classify`] verdict: `InboxDuplicate` is `Ack`, `Transient` and
+    /// `ConnectionUnusable` are `Retry` (after the error's
+    /// [`retry_after`](Classify::retry_after)), `Permanent` is `DeadLetter`. An error
+    /// with no database, connection or pool error inside is the handler's own verdict on
+    /// the message, and is dead-lettered unless it says otherwise
+    /// ([`Classified`](crate::Classified), or its own [`Classify`] impl).
     pub fn of<T, E>(result: &Result<Outcome<T>, E>) -> Self
     where
-        E: DatabaseErrorSource + fmt::Display,
+        E: Classify + fmt::Display,
     {
-        let error = match result {
-            Ok(Outcome::Processed(_) | Outcome::Duplicate) => return Self::Ack,
-            Ok(Outcome::InProgress { lease_remaining }) => {
-                return Self::Retry {
-                    after: *lease_remaining,
-                };
-            }
-            Err(error) => error,
-        };
-        match error.database_error().map(classify) {
-            Some(ErrorClass::InboxDuplicate) => Self::Ack,
-            Some(class) if class.is_retryable() => Self::Retry { after: None },
-            Some(_) | None => Self::DeadLetter {
+        match result {
+            Ok(Outcome::Processed(_) | Outcome::Duplicate) => Self::Ack,
+            Ok(Outcome::InProgress { lease_remaining }) => Self::Retry {
+                after: *lease_remaining,
+            },
+            Err(error) => Self::of_error(error),
+        }
+    }
+
+    /// Settles a failed delivery by its error's [`Classify`] verdict, as
+    /// [`Disposition::of`] does.
+    pub fn of_error<E>(error: &E) -> Self
+    where
+        E: Classify + fmt::Display + ?Sized,
+    {
+        match error.class() {
+            ErrorClass::InboxDuplicate => Self::Ack,
+            class if class.is_retryable() => Self::Retry {
+                after: error.retry_after(),
+            },
+            _ => Self::DeadLetter {
                 reason: error.to_string(),
             },
         }
-    }
-}
-
-/// An error type that may carry a diesel error, which says whether a delivery can be
-/// retried. [`Disposition::of`] and the retry helper read it through this trait.
-///
-/// Implemented for `diesel::result::Error` and for boxed errors (looking through their
-/// [`source`](StdError::source) chain). For your own error type, return the diesel
-/// error it wraps:
-///
-/// ```
-/// # use inbox_runtime as diesel_inbox;
-/// use diesel_inbox::DatabaseErrorSource;
-///
-/// #[derive(Debug)]
-/// enum AppError {
-///     Db(diesel::result::Error),
-///     Rejected(String),
-/// }
-///
-/// impl DatabaseErrorSource for AppError {
-///     fn database_error(&self) -> Option<&diesel::result::Error> {
-///         match self {
-///             AppError::Db(error) => Some(error),
-///             AppError::Rejected(_) => None,
-///         }
-///     }
-/// }
-/// ```
-///
-/// [`find_database_error`] does the same for any error with a `source` chain.
-pub trait DatabaseErrorSource {
-    /// The diesel error inside `self`, if any.
-    fn database_error(&self) -> Option<&Error>;
-}
-
-impl DatabaseErrorSource for Error {
-    fn database_error(&self) -> Option<&Error> {
-        Some(self)
-    }
-}
-
-impl DatabaseErrorSource for Box<dyn StdError + Send + Sync> {
-    fn database_error(&self) -> Option<&Error> {
-        find_database_error(self.as_ref())
-    }
-}
-
-impl DatabaseErrorSource for Box<dyn StdError> {
-    fn database_error(&self) -> Option<&Error> {
-        find_database_error(self.as_ref())
     }
 }
 
@@ -134,6 +94,7 @@ mod tests {
     use diesel::result::DatabaseErrorKind;
 
     use super::*;
+    use crate::classify::classify;
 
     fn database(kind: DatabaseErrorKind, message: &str) -> Error {
         Error::DatabaseError(kind, Box::new(message.to_owned()))

@@ -34,6 +34,7 @@ mod test_transaction;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transaction;
+mod verdict;
 
 pub use backend::InboxBackend;
 pub use batch::{
@@ -41,7 +42,7 @@ pub use batch::{
 };
 pub use claims::{Claim, ClaimError, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
-pub use disposition::{DatabaseErrorSource, Disposition, find_database_error};
+pub use disposition::{Disposition, find_database_error};
 pub use fast_path::FastPath;
 pub use fingerprint::{Fingerprint, FingerprintMismatch};
 pub use key::{InboxKey, InvalidKey, encode_key};
@@ -57,3 +58,4 @@ pub use retry::{RetryPolicy, retry};
 pub use transaction::{
     ConnectionParameter, Handler, HandlerError, HandlerResult, fake_return, run,
 };
+pub use verdict::{Classified, Classify, class_of, retry_after_of};

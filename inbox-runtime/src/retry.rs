@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use crate::disposition::DatabaseErrorSource;
-use crate::{ErrorClass, classify};
+use crate::verdict::Classify;
 
 /// How often, and how patiently, [`retry`] runs a handler again.
 ///
@@ -22,18 +21,23 @@ use crate::{ErrorClass, classify};
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
     backoff: ExponentialBuilder,
+    /// Also the longest wait an error's own `retry_after` gets here: a longer one is left
+    /// to the broker.
+    max_delay: Duration,
 }
 
 impl RetryPolicy {
     /// The default policy.
     pub const fn new() -> Self {
+        const MAX_DELAY: Duration = Duration::from_secs(1);
         Self {
             backoff: ExponentialBuilder::new()
                 .with_min_delay(Duration::from_millis(10))
-                .with_max_delay(Duration::from_secs(1))
+                .with_max_delay(MAX_DELAY)
                 .with_factor(2.0)
                 .with_max_times(4)
                 .with_jitter(),
+            max_delay: MAX_DELAY,
         }
     }
 
@@ -41,6 +45,7 @@ impl RetryPolicy {
     pub const fn with_max_retries(self, retries: usize) -> Self {
         Self {
             backoff: self.backoff.with_max_times(retries),
+            ..self
         }
     }
 
@@ -48,13 +53,17 @@ impl RetryPolicy {
     pub const fn with_min_delay(self, delay: Duration) -> Self {
         Self {
             backoff: self.backoff.with_min_delay(delay),
+            ..self
         }
     }
 
-    /// The longest delay between two runs.
+    /// The longest delay between two runs. An error whose
+    /// [`retry_after`](crate::Classify::retry_after) asks for a longer wait is returned
+    /// at once, for the broker to redeliver after it.
     pub const fn with_max_delay(self, delay: Duration) -> Self {
         Self {
             backoff: self.backoff.with_max_delay(delay),
+            max_delay: delay,
         }
     }
 
@@ -63,6 +72,7 @@ impl RetryPolicy {
     pub const fn with_max_total_delay(self, total: Duration) -> Self {
         Self {
             backoff: self.backoff.with_total_delay(Some(total)),
+            ..self
         }
     }
 }
@@ -86,9 +96,16 @@ impl Default for RetryPolicy {
 /// can be spawned (rustc cannot prove that for an async closure called more than once,
 /// rust-lang/rust#100013).
 ///
-/// Retried: errors whose diesel error ([`DatabaseErrorSource`]) classifies as
-/// [`ErrorClass::Transient`] or [`ErrorClass::ConnectionUnusable`]. Each retry is
-/// reported as a `tracing` event at `WARN`.
+/// Retried: errors whose [`Classify`] verdict is [`ErrorClass::Transient`] or
+/// [`ErrorClass::ConnectionUnusable`] (a deadlock, a time-out, a lost connection, one
+/// that could not be opened or taken from the pool, a read-only server, or an error of
+/// your own marked retryable). A retry waits the policy's backoff, or the error's own
+/// [`retry_after`](Classify::retry_after) if that is longer; an error that asks for a
+/// longer wait than the policy's longest delay is returned at once, for the broker to
+/// redeliver later. Each retry is reported as a `tracing` event at `WARN`.
+///
+/// [`ErrorClass::Transient`]: crate::ErrorClass::Transient
+/// [`ErrorClass::ConnectionUnusable`]: crate::ErrorClass::ConnectionUnusable
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")] mod example {
@@ -117,18 +134,20 @@ pub async fn retry<T, E, Run>(
 ) -> Result<T, E>
 where
     Run: Future<Output = Result<T, E>>,
-    E: DatabaseErrorSource + fmt::Display,
+    E: Classify + fmt::Display,
 {
     let mut delays = policy.backoff.build();
     let mut run = 1_u32;
     loop {
         let error = match attempt().await {
-            Err(error) if retryable(&error) => error,
+            Err(error) if error.class().is_retryable() => error,
             settled => return settled,
         };
-        let Some(delay) = delays.next() else {
+        let asked = error.retry_after().unwrap_or_default();
+        let Some(backoff) = delays.next().filter(|_| asked <= policy.max_delay) else {
             return Err(error);
         };
+        let delay = backoff.max(asked);
         tracing::warn!(
             inbox.attempt = run,
             inbox.retry_in_ms = delay.as_millis() as u64,
@@ -138,11 +157,4 @@ where
         tokio::time::sleep(delay).await;
         run += 1;
     }
-}
-
-fn retryable<E: DatabaseErrorSource>(error: &E) -> bool {
-    error
-        .database_error()
-        .map(classify)
-        .is_some_and(ErrorClass::is_retryable)
 }

@@ -38,11 +38,11 @@ enum TestError {
     Rejected,
 }
 
-impl diesel_inbox::DatabaseErrorSource for TestError {
-    fn database_error(&self) -> Option<&Error> {
+impl diesel_inbox::Classify for TestError {
+    fn class(&self) -> ErrorClass {
         match self {
-            Self::Database(error) => Some(error),
-            _ => None,
+            Self::Database(error) => classify(error),
+            _ => ErrorClass::Permanent,
         }
     }
 }

@@ -18,6 +18,13 @@ use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
 
 pub mod batch;
+#[cfg(all(
+    feature = "retry",
+    feature = "anyhow",
+    feature = "deadpool",
+    feature = "bb8"
+))]
+pub mod verdicts;
 
 /// A database a test has to itself, and what its suite knows about the backend.
 pub trait TestDb: Clone + Send + Sync + 'static {
@@ -470,7 +477,7 @@ type Delivery = tokio::task::JoinHandle<Result<Outcome<()>, Error>>;
 
 /// Delivers message `n` to A, and returns once A holds its marker inside the body, with
 /// the gate that releases A to commit or roll back.
-async fn hold_marker<D: TestDb>(db: &D, n: i64, commits: bool) -> (Delivery, Arc<Gate>) {
+pub async fn hold_marker<D: TestDb>(db: &D, n: i64, commits: bool) -> (Delivery, Arc<Gate>) {
     let gate = Gate::held(!commits);
     let mut conn = db.connect().await;
     let first = {

@@ -83,6 +83,43 @@ fn is_lost_diesel_savepoint(message: &str) -> bool {
         .is_some_and(|rest| rest.trim_start().starts_with("diesel_savepoint_"))
 }
 
+/// 1792, a write in a `READ ONLY` transaction, in every language MariaDB ships it in.
+const READ_ONLY_TRANSACTION_MESSAGES: &[&str] = &[
+    "Cannot execute statement in a READ ONLY transaction",
+    "无法在只读事务中执行语句",
+    "No puedo ejecutar sentencia en una transacción READ ONLY",
+];
+
+/// 1290, a statement that a server option refuses, as each language opens it: the
+/// option is named next, and only `--read-only` (MySQL's `--super-read-only` too) is a
+/// state that passes, as a failover promotes another server.
+const OPTION_PREVENTS_STATEMENT_OPENINGS: &[&str] = &[
+    "The MariaDB server is running with the ",
+    "The MySQL server is running with the ",
+    "MariaDB服务器使用",
+    "Der MariaDB-Server läuft mit der Option ",
+    "MariaDB სერვერი ",
+    "MariaDBサーバーが ",
+    "O servidor MariaDB está rodando com a opção ",
+    "El servidor MariaDB se está ejecutando con la opción ",
+    "MariaDB är startad med ",
+];
+
+/// Whether the server refused a write because the transaction, the session or the
+/// server is read-only for now (a replica, or a primary during failover): another
+/// connection, or this one later, can take it.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    READ_ONLY_TRANSACTION_MESSAGES
+        .iter()
+        .any(|text| message.starts_with(text))
+        || OPTION_PREVENTS_STATEMENT_OPENINGS.iter().any(|opening| {
+            message.strip_prefix(opening).is_some_and(|option| {
+                option.trim_start().starts_with("--read-only")
+                    || option.trim_start().starts_with("--super-read-only")
+            })
+        })
+}
+
 /// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
 /// retry: lock conflicts and interrupted waits in any server language, and a
 /// transaction rolled back under a nested savepoint.

@@ -29,10 +29,20 @@ pub(crate) fn is_transient(message: &str) -> bool {
         "deadlock detected",
         "could not obtain lock",
         "canceling statement due to",
+        // 40001, which diesel-async reports as `SerializationFailure`; its text is all a
+        // wrapper that hides the kind leaves.
+        "could not serialize access",
         ABORTED_TRANSACTION,
     ]
     .iter()
     .any(|prefix| message.starts_with(prefix))
+}
+
+/// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
+/// `default_transaction_read_only` set during a failover. Another connection, or this
+/// one later, can take it.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction")
 }
 
 /// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).

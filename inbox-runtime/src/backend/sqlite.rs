@@ -20,6 +20,12 @@ pub(crate) fn is_transient(message: &str) -> bool {
     message == "database is locked" || message.starts_with("database table is locked")
 }
 
+/// `SQLITE_READONLY`: the database file cannot be written now (its directory or file
+/// lost write permission, or it is opened read-only); the message is not at fault.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    message.starts_with("attempt to write a readonly database")
+}
+
 #[cfg(feature = "sqlite")]
 mod imp {
     use std::future::Future;

@@ -1,0 +1,361 @@
+//! Verdicts on errors as handlers' code carries them, on every backend: a retryable
+//! database error is retried however it is wrapped, a connection or a pool that fails
+//! is retried, and an error of the handler's own says what it is.
+
+use std::error::Error as StdError;
+use std::fmt::Display;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use diesel::result::Error;
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, PoolError, PoolableConnection,
+};
+use diesel_inbox::{
+    BatchOutcome, Classified, Classify, Disposition, ErrorClass, InboxBackend, Outcome,
+    RetryPolicy, class_of, classify, retry,
+};
+
+use super::batch::batch_credit;
+use super::{Credit, TestDb, balances, connect_with, create_tables, credit, hold_marker};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A repository error as thiserror writes it, with its own message.
+#[derive(Debug, thiserror::Error)]
+pub enum RepoError {
+    #[error("repository: {0}")]
+    Db(#[from] Error),
+}
+
+/// The same with `#[error(transparent)]`, whose `source()` skips the diesel error.
+#[derive(Debug, thiserror::Error)]
+pub enum TransparentRepoError {
+    #[error(transparent)]
+    Db(#[from] Error),
+}
+
+impl Classify for RepoError {
+    fn class(&self) -> ErrorClass {
+        class_of(self)
+    }
+}
+
+impl Classify for TransparentRepoError {
+    fn class(&self) -> ErrorClass {
+        class_of(self)
+    }
+}
+
+/// An error as diesel-async reported it, again: `Error` is not `Clone`, and a verdict
+/// reads only the kind and the message.
+fn again(error: &Error) -> Error {
+    match error {
+        Error::DatabaseError(kind, info) => {
+            Error::DatabaseError(*kind, Box::new(info.message().to_owned()))
+        }
+        other => panic!("expected a database error, got {other:?}"),
+    }
+}
+
+/// `error` in `shape` is retried: `Disposition::of` and `of_batch` say `Retry`, and
+/// `retry` runs again, as many times as the policy allows.
+async fn assert_retried<E>(shape: &str, wrap: impl Fn() -> E)
+where
+    E: Classify + Display,
+{
+    let retry_disposition = Disposition::Retry { after: None };
+    let single: Result<Outcome<()>, E> = Err(wrap());
+    assert_eq!(Disposition::of(&single), retry_disposition, "{shape}");
+    let batch: Result<BatchOutcome<()>, E> = Err(wrap());
+    assert_eq!(Disposition::of_batch(&batch), retry_disposition, "{shape}");
+    let runs = AtomicUsize::new(0);
+    let policy = RetryPolicy::new()
+        .with_max_retries(2)
+        .with_min_delay(Duration::from_millis(1));
+    let result: Result<(), E> = retry(&policy, || async {
+        runs.fetch_add(1, Ordering::Relaxed);
+        Err(wrap())
+    })
+    .await;
+    assert!(result.is_err(), "{shape}");
+    assert_eq!(runs.into_inner(), 3, "{shape}: one run and two retries");
+}
+
+/// Every way a handler's code carries a retryable database error, from this backend's
+/// own error for a wait cut short (`settings` sets the wait's limit).
+pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &str) {
+    create_tables(&db, 1).await;
+    let (holder, gate) = hold_marker(&db, 0, false).await;
+    let mut conn = connect_with(&db, settings).await;
+    let cut_short = credit(&mut conn, &Credit::new(0))
+        .await
+        .expect_err("the wait for the holder's marker is cut short");
+    assert_eq!(classify(&cut_short), ErrorClass::Transient, "{cut_short}");
+
+    let error = || again(&cut_short);
+    assert_retried("diesel::result::Error", error).await;
+    assert_retried("thiserror #[from]", || RepoError::from(error())).await;
+    assert_retried("thiserror transparent", || {
+        TransparentRepoError::from(error())
+    })
+    .await;
+    assert_retried("boxed thiserror #[from]", || {
+        BoxError::from(RepoError::from(error()))
+    })
+    .await;
+    assert_retried("boxed thiserror transparent", || {
+        BoxError::from(TransparentRepoError::from(error()))
+    })
+    .await;
+    assert_retried("Box<dyn Error>", || {
+        Box::<dyn StdError>::from(TransparentRepoError::from(error()))
+    })
+    .await;
+    assert_retried("anyhow", || anyhow::Error::from(error())).await;
+    assert_retried("anyhow with context", || {
+        Err::<(), _>(error())
+            .context("crediting the account")
+            .unwrap_err()
+    })
+    .await;
+    assert_retried("anyhow of thiserror transparent", || {
+        anyhow::Error::from(TransparentRepoError::from(error()))
+    })
+    .await;
+    assert_retried("io::Error::other", || std::io::Error::other(error())).await;
+    assert_retried("boxed io::Error::other of transparent", || {
+        BoxError::from(std::io::Error::other(TransparentRepoError::from(error())))
+    })
+    .await;
+
+    // End to end: the README's retry loop, with the error shape, waits out the
+    // holder and then processes the message once.
+    let runs = AtomicUsize::new(0);
+    let policy = RetryPolicy::new()
+        .with_max_retries(50)
+        .with_min_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_millis(50));
+    let retried = retry(&policy, || async {
+        if runs.fetch_add(1, Ordering::Relaxed) == 1 {
+            gate.release.notify_one();
+        }
+        let mut conn = connect_with(&db, settings).await;
+        let outcome = credit(&mut conn, &Credit::new(0))
+            .await
+            .map_err(TransparentRepoError::from)?;
+        Ok::<_, BoxError>(outcome)
+    })
+    .await;
+    assert_eq!(retried.unwrap(), Outcome::Processed(()));
+    assert!(runs.into_inner() >= 2, "the first run was cut short");
+    assert!(holder.await.unwrap().is_err(), "the holder rolled back");
+    assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+/// A server that is read-only for now (`settings` makes the session so) refuses the
+/// marker: each message is retried, on another connection, never dead-lettered.
+pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
+    create_tables(&db, 2).await;
+    let mut conn = connect_with(&db, settings).await;
+    let single = credit(&mut conn, &Credit::new(0)).await;
+    let error = single.as_ref().expect_err("a read-only transaction");
+    assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
+    assert_eq!(Disposition::of(&single), Disposition::Retry { after: None });
+    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)]).await;
+    assert_eq!(
+        Disposition::of_batch(&batch),
+        Disposition::Retry { after: None },
+        "{:?}",
+        batch.err()
+    );
+    assert_eq!(balances(&db, 2).await, vec![0, 0]);
+    // Retried on a writable connection, each message applies once.
+    let mut conn = db.connect().await;
+    assert_eq!(
+        credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(balances(&db, 2).await, vec![1, 0]);
+}
+
+/// A connection that cannot be opened, and pools that cannot hand one out in time, are
+/// retried however they reach the pump: the README's retry loop takes its connection
+/// inside the closure, so a pool's error is the run's error.
+pub async fn unreachable_databases_are_retried<C>(url: &str, unreachable_url: &str)
+where
+    C: PoolableConnection + 'static,
+    C::Backend: InboxBackend,
+    AsyncDieselConnectionManager<C>: deadpool::managed::Manager<Type = C, Error = PoolError>
+        + bb8::ManageConnection<Connection = C, Error = PoolError>,
+{
+    let refused = C::establish(unreachable_url)
+        .await
+        .err()
+        .expect("nothing listens there");
+    assert_eq!(refused.class(), ErrorClass::ConnectionUnusable, "{refused}");
+    assert_retried("boxed ConnectionError", || {
+        BoxError::from(diesel::ConnectionError::BadConnection(refused.to_string()))
+    })
+    .await;
+
+    let deadpool = |url: &str| {
+        diesel_async::pooled_connection::deadpool::Pool::builder(
+            AsyncDieselConnectionManager::<C>::new(url),
+        )
+        .max_size(1)
+        .wait_timeout(Some(Duration::from_millis(50)))
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .expect("a pool")
+    };
+    let down = deadpool(unreachable_url).get().await.err().expect("down");
+    assert_eq!(down.class(), ErrorClass::ConnectionUnusable, "{down}");
+    let busy = deadpool(url);
+    let _held = busy.get().await.expect("a connection");
+    let timed_out = busy.get().await.err().expect("the only connection is held");
+    assert!(
+        matches!(timed_out, deadpool::managed::PoolError::Timeout(_)),
+        "{timed_out:?}"
+    );
+    assert_eq!(timed_out.class(), ErrorClass::ConnectionUnusable);
+    assert_retried("boxed deadpool time-out", || {
+        BoxError::from(deadpool::managed::PoolError::<PoolError>::Timeout(
+            deadpool::managed::TimeoutType::Wait,
+        ))
+    })
+    .await;
+
+    let bb8 = diesel_async::pooled_connection::bb8::Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_millis(200))
+        .build(AsyncDieselConnectionManager::<C>::new(url))
+        .await
+        .expect("a pool");
+    let _held = bb8.get().await.expect("a connection");
+    let timed_out = bb8.get().await.err().expect("the only connection is held");
+    assert_eq!(
+        timed_out.class(),
+        ErrorClass::ConnectionUnusable,
+        "{timed_out}"
+    );
+    assert_retried("anyhow bb8 time-out", || {
+        anyhow::Error::from(bb8::RunError::<PoolError>::TimedOut)
+    })
+    .await;
+
+    // The README's loop, with the database down: each run is retried, none dead-lettered.
+    let pool = deadpool(unreachable_url);
+    let runs = AtomicUsize::new(0);
+    let policy = RetryPolicy::new()
+        .with_max_retries(2)
+        .with_min_delay(Duration::from_millis(1));
+    let result = retry(&policy, || async {
+        runs.fetch_add(1, Ordering::Relaxed);
+        let mut conn = pool.get().await?;
+        Ok::<_, BoxError>(credit(&mut *conn, &Credit::new(0)).await?)
+    })
+    .await;
+    assert_eq!(runs.into_inner(), 3);
+    assert_eq!(Disposition::of(&result), Disposition::Retry { after: None });
+}
+
+/// An error of the handler's own says whether it is retried, and after how long, in the
+/// one place every settling function reads: `Classified` inside a boxed or anyhow
+/// error, or a `Classify` impl.
+pub async fn own_errors_say_their_verdict() {
+    let after = Duration::from_millis(300);
+    let unavailable = || Classified::retry_after("the mail provider answered 503", after);
+    let boxed: Result<Outcome<()>, BoxError> = Err(unavailable().into());
+    assert_eq!(
+        Disposition::of(&boxed),
+        Disposition::Retry { after: Some(after) }
+    );
+    let anyhow: Result<BatchOutcome<()>, anyhow::Error> =
+        Err(anyhow::Error::from(unavailable()).context("sending the receipt"));
+    assert_eq!(
+        Disposition::of_batch(&anyhow),
+        Disposition::Retry { after: Some(after) }
+    );
+    let permanent: Result<Outcome<()>, BoxError> = Err(Classified::permanent(
+        std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+    )
+    .into());
+    assert!(matches!(
+        Disposition::of(&permanent),
+        Disposition::DeadLetter { .. }
+    ));
+
+    // `retry` waits what the error asks, when the policy allows that long.
+    let runs = AtomicUsize::new(0);
+    let started = tokio::time::Instant::now();
+    let policy = RetryPolicy::new()
+        .with_max_retries(1)
+        .with_min_delay(Duration::from_millis(1));
+    let result: Result<(), BoxError> = retry(&policy, || async {
+        runs.fetch_add(1, Ordering::Relaxed);
+        Err(unavailable().into())
+    })
+    .await;
+    assert!(result.is_err());
+    assert_eq!(runs.swap(0, Ordering::Relaxed), 2);
+    assert!(started.elapsed() >= after, "{:?}", started.elapsed());
+    // A longer wait than the policy's longest is the broker's to make: no retry here.
+    let patient: Result<(), BoxError> = retry(
+        &policy.with_max_delay(Duration::from_millis(100)),
+        || async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Err(unavailable().into())
+        },
+    )
+    .await;
+    assert_eq!(
+        Disposition::of_error(&patient.unwrap_err()),
+        Disposition::Retry { after: Some(after) }
+    );
+    assert_eq!(runs.into_inner(), 1);
+}
+
+/// The verdict scenarios that hold on every backend: `lock_wait` limits a session's wait
+/// for a lock, `read_only` makes a session read-only.
+#[macro_export]
+macro_rules! verdict_scenarios {
+    ($db:expr, lock_wait = $lock_wait:expr, read_only = $read_only:expr) => {
+        #[cfg(all(
+            feature = "retry",
+            feature = "anyhow",
+            feature = "deadpool",
+            feature = "bb8"
+        ))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn wrapped_database_errors_are_retried() {
+            if let Some(db) = $db("wrapped_errors").await {
+                common::bounded(common::verdicts::wrapped_database_errors_are_retried(
+                    db.clone(),
+                    $lock_wait,
+                ))
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+
+        #[cfg(all(
+            feature = "retry",
+            feature = "anyhow",
+            feature = "deadpool",
+            feature = "bb8"
+        ))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn read_only_session_is_retried() {
+            if let Some(db) = $db("read_only").await {
+                common::bounded(common::verdicts::read_only_session_is_retried(
+                    db.clone(),
+                    $read_only,
+                ))
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+    };
+}
