@@ -13,6 +13,10 @@ use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions}
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
+#[cfg(all(feature = "mysql", feature = "retry", feature = "deadpool"))]
+#[path = "rabbitmq/outage.rs"]
+mod outage;
+
 /// The URL in `variable`; the suite is skipped without it (CI sets it).
 fn server_url(variable: &str) -> Option<String> {
     let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
