@@ -710,3 +710,80 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
     .await;
     db.cleanup().await;
 }
+
+#[idempotent(consumer = "claimed", key = credit.message_id.as_str(), claim)]
+async fn claimed(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Result<(), Error> {
+    common::apply(conn, credit).await
+}
+
+/// Every path works in each SQL mode a session can have. Under MariaDB's
+/// `sql_mode = ORACLE`, `BEGIN` opens a PL/SQL block: every call was a syntax error,
+/// `Permanent`, and every message was dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_sql_mode_is_served() {
+    let Some(db) = create("sql_modes").await else {
+        return;
+    };
+    let modes = [
+        "ORACLE",
+        "ANSI",
+        "TRADITIONAL,NO_BACKSLASH_ESCAPES",
+        "MSSQL",
+        "DB2",
+        "POSTGRESQL",
+        "MAXDB",
+        "EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT,PAD_CHAR_TO_FULL_LENGTH",
+    ];
+    bounded(async {
+        common::create_tables(&db, 4 * modes.len() as i64).await;
+        for (n, mode) in modes.iter().enumerate() {
+            let settings = format!("SET SESSION sql_mode = '{mode}'");
+            let mut conn = common::connect_with(&db, &settings).await;
+            diesel_inbox::migrate(&mut conn)
+                .await
+                .unwrap_or_else(|error| panic!("{mode}: {error}"));
+            let [single, batch_1, batch_2, claim] =
+                [0, 1, 2, 3].map(|i| Credit::new(4 * n as i64 + i));
+            assert_eq!(
+                common::credit(&mut conn, &single).await,
+                Ok(Outcome::Processed(())),
+                "{mode}"
+            );
+            assert_eq!(
+                common::credit_reading_first(&mut conn, &single).await,
+                Ok(Outcome::Duplicate),
+                "{mode}"
+            );
+            assert_eq!(
+                common::credit(&mut conn, &single).await,
+                Ok(Outcome::Duplicate),
+                "{mode}"
+            );
+            let batch = [batch_1.clone(), batch_2.clone()];
+            let outcome = common::batch::batch_credit(&mut conn, &batch)
+                .await
+                .unwrap_or_else(|error| panic!("{mode}: {error}"));
+            assert_eq!(outcome.processed(), 2, "{mode}");
+            assert_eq!(
+                claimed(&mut conn, &claim).await,
+                Ok(Outcome::Processed(())),
+                "{mode}"
+            );
+            assert_eq!(
+                claimed(&mut conn, &claim).await,
+                Ok(Outcome::Duplicate),
+                "{mode}"
+            );
+            diesel_inbox::prune(&mut conn, Duration::from_secs(3600))
+                .await
+                .unwrap_or_else(|error| panic!("{mode}: {error}"));
+            diesel_inbox::claims::list_stale(&mut conn)
+                .await
+                .unwrap_or_else(|error| panic!("{mode}: {error}"));
+        }
+        let balances = common::balances(&db, 4 * modes.len() as i64).await;
+        assert!(balances.iter().all(|&balance| balance == 1), "{balances:?}");
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -341,17 +341,17 @@ impl BenchConnection for AsyncMysqlConnection {
         SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
         @diesel_inbox_autocommit = NULL";
 
-    /// One batch, as the library sends it: BEGIN and the savepoint the commit releases,
-    /// a plain insert of hex literals (a duplicate-key error meaning a duplicate: MySQL's
-    /// `ON DUPLICATE KEY` cannot tell a new row from a duplicate), then the marker's id
-    /// and autocommit off.
+    /// One batch, as the library sends it: START TRANSACTION and the savepoint the commit
+    /// releases, a plain insert of hex literals (a duplicate-key error meaning a
+    /// duplicate: MySQL's `ON DUPLICATE KEY` cannot tell a new row from a duplicate), then
+    /// the marker's id and autocommit off.
     async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
         let batch = format!(
-            "BEGIN; SAVEPOINT diesel_inbox_marker; \
+            "START TRANSACTION; SAVEPOINT diesel_inbox_marker; \
              INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
              SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
              @diesel_inbox_database = DATABASE(), \

@@ -21,6 +21,7 @@ use crate::disposition::Disposition;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
+use crate::session_check;
 use crate::test_transaction;
 use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction};
 use crate::verdict::Classify;
@@ -274,6 +275,7 @@ where
         }
         Err(Stop::Handler(error)) => (Err(error), "handler_error"),
         Err(Stop::Database(error)) => {
+            let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
             tracing::debug!(parent: &span, error = %error, "nothing was committed");
             (Err(into_error(error)), "database_error")

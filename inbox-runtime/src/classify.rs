@@ -2,7 +2,7 @@
 
 use diesel::result::{DatabaseErrorKind, Error};
 
-use crate::backend::{mysql, pg, sqlite};
+use crate::backend::{UNSUPPORTED_SESSION, mysql, pg, sqlite};
 use crate::claims::ClaimError;
 
 /// What an error means for the message that was being handled.
@@ -55,6 +55,11 @@ pub fn classify(error: &Error) -> ErrorClass {
             }
         }
         Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => ErrorClass::Transient,
+        // A standby, a demoted primary, a read-only session: the pool's next connection,
+        // or a later one, can take the write.
+        Error::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _) => {
+            ErrorClass::ConnectionUnusable
+        }
         Error::DatabaseError(
             DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
             _,
@@ -84,7 +89,8 @@ pub fn classify(error: &Error) -> ErrorClass {
 /// A server in read-only mode counts as an unusable connection: during a failover the
 /// pool's next connection, or a later one, reaches the server that now takes writes.
 pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
-    if pg::is_connection_lost(message)
+    if message.starts_with(UNSUPPORTED_SESSION)
+        || pg::is_connection_lost(message)
         || mysql::is_connection_lost(message)
         || pg::is_read_only(message)
         || mysql::is_read_only(message)
@@ -293,6 +299,50 @@ mod tests {
         assert!(ErrorClass::ConnectionUnusable.is_retryable());
         assert!(!ErrorClass::Permanent.is_retryable());
         assert!(!ErrorClass::InboxDuplicate.is_retryable());
+    }
+
+    #[test]
+    fn only_english_postgresql_messages_are_recognised() {
+        for english in [
+            "",
+            "C",
+            "C.UTF-8",
+            "c.utf8",
+            "POSIX",
+            "en_US.UTF-8",
+            "en_GB",
+        ] {
+            assert!(pg::speaks_english(english), "{english}");
+        }
+        for other in ["de_DE.UTF-8", "fr_FR", "ja_JP.UTF-8", "Catalan"] {
+            assert!(!pg::speaks_english(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_read_only_server_is_retried_elsewhere() {
+        let kind = error(DatabaseErrorKind::ReadOnlyTransaction, "read-only", None);
+        assert_eq!(classify(&kind), ErrorClass::ConnectionUnusable);
+        for message in [
+            "cannot execute INSERT in a read-only transaction",
+            "Cannot execute statement in a READ ONLY transaction",
+            "No puedo ejecutar sentencia en una transacción READ ONLY",
+            "The MariaDB server is running with the --read-only option so it cannot execute \
+             this statement",
+            "The MySQL server is running with the --super-read-only option so it cannot \
+             execute this statement",
+            "MariaDBサーバーが --read-only オプションで実行されているので、このステートメントは実行できません。",
+            "attempt to write a readonly database",
+        ] {
+            assert_eq!(
+                unknown(message),
+                ErrorClass::ConnectionUnusable,
+                "{message}"
+            );
+        }
+        let other_option = "The MariaDB server is running with the --skip-grant-tables \
+                            option so it cannot execute this statement";
+        assert_eq!(unknown(other_option), ErrorClass::Permanent);
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod retention;
 #[cfg(feature = "retry")]
 mod retry;
 pub mod schema;
+mod session_check;
 mod test_transaction;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -16,6 +16,7 @@ use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::registry::{self, RegisteredHandler};
 use crate::report;
+use crate::session_check;
 use crate::test_transaction;
 
 /// One `#[idempotent]` handler as [`run`] sees it: its registration, its place in the
@@ -211,6 +212,7 @@ where
         }
         Err(Stop::Handler(error)) => (Err(error), "handler_error"),
         Err(Stop::Database(error)) => {
+            let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
             tracing::debug!(parent: &span, error = %error, "nothing was committed");
             (Err(into_error(error)), "database_error")

@@ -994,7 +994,7 @@ impl Statement {
     /// that holds it).
     fn is(self, sql: &str) -> bool {
         match self {
-            Self::Begin => sql.starts_with("BEGIN"),
+            Self::Begin => sql.starts_with("BEGIN") || sql.starts_with("START TRANSACTION"),
             Self::Commit => sql.contains("COMMIT"),
             Self::Rollback => sql.contains("ROLLBACK"),
         }

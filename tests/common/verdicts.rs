@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use diesel::result::Error;
+use diesel_async::SimpleAsyncConnection as _;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, PoolError, PoolableConnection,
 };
@@ -180,6 +181,43 @@ pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
     assert_eq!(balances(&db, 2).await, vec![1, 0]);
 }
 
+/// A session that finds no inbox (the migration has not run where its connections
+/// look) fails every call in the crate's own statement. That is no message's fault: the
+/// error says what to do, and each message is retried until someone does it.
+pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
+    create_tables(&db, 2).await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("DROP TABLE inbox")
+        .await
+        .expect("drop the inbox");
+    let single = credit(&mut conn, &Credit::new(0)).await;
+    let error = single.as_ref().expect_err("no inbox");
+    assert!(
+        error.to_string().contains("diesel_inbox::migrate"),
+        "{error}"
+    );
+    assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
+    assert_eq!(Disposition::of(&single), Disposition::Retry { after: None });
+    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)]).await;
+    assert_eq!(
+        Disposition::of_batch(&batch),
+        Disposition::Retry { after: None },
+        "{:?}",
+        batch.err()
+    );
+    // Once the inbox is there, the retried messages apply once each.
+    diesel_inbox::migrate(&mut conn).await.expect("migrate");
+    assert_eq!(
+        credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        Outcome::Processed(())
+    );
+    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)])
+        .await
+        .expect("the batch");
+    assert_eq!(batch.processed(), 2, "a consumer of its own");
+    assert_eq!(balances(&db, 2).await, vec![2, 1]);
+}
+
 /// A connection that cannot be opened, and pools that cannot hand one out in time, are
 /// retried however they reach the pump: the README's retry loop takes its connection
 /// inside the closure, so a pool's error is the run's error.
@@ -335,6 +373,23 @@ macro_rules! verdict_scenarios {
                     db.clone(),
                     $lock_wait,
                 ))
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+
+        #[cfg(all(
+            feature = "retry",
+            feature = "anyhow",
+            feature = "deadpool",
+            feature = "bb8"
+        ))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_missing_inbox_is_retried_with_what_to_do() {
+            if let Some(db) = $db("missing_inbox").await {
+                common::bounded(
+                    common::verdicts::a_missing_inbox_is_retried_with_what_to_do(db.clone()),
+                )
                 .await;
                 common::TestDb::cleanup(db).await;
             }

@@ -4,6 +4,27 @@
 //! (how a duplicate shows itself), error recognition and schema creation differ, and each
 //! backend module holds its own.
 
+/// `sealed::Sealed::inbox_is_visible`, with `$tables` a query of one row whose column
+/// `tables` counts the tables named `inbox` that the session sees.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! inbox_is_visible {
+    ($tables:expr) => {
+        fn inbox_is_visible<C>(
+            conn: &mut C,
+        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send
+        where
+            C: ::diesel_async::AsyncConnection<Backend = Self>,
+        {
+            let query = ::diesel::sql_query($tables);
+            async move {
+                let counted: $crate::backend::sealed::Tables =
+                    ::diesel_async::RunQueryDsl::get_result(query, conn).await?;
+                Ok(counted.tables > 0)
+            }
+        }
+    };
+}
+
 /// `sealed::Sealed::insert_marker` for the backends with `INSERT … ON CONFLICT
 /// (message_id, consumer) DO NOTHING`: a duplicate waits for the transaction holding the
 /// key, then inserts nothing, without raising an error. A new marker is followed by the
@@ -78,6 +99,10 @@ mod savepoint;
 pub trait InboxBackend: diesel::backend::Backend + sealed::Sealed {}
 
 impl<DB: diesel::backend::Backend + sealed::Sealed> InboxBackend for DB {}
+
+/// How the crate's error for a session it cannot work in begins (see `session_check`):
+/// retried, since no message is at fault, while someone changes the setting it names.
+pub(crate) const UNSUPPORTED_SESSION: &str = "diesel-inbox cannot work in this session: ";
 
 /// The transaction the marker was inserted in is gone: the database rolled it back (a
 /// MySQL deadlock does this, a PostgreSQL error aborts it) and the handler carried on
@@ -377,5 +402,18 @@ pub(crate) mod sealed {
         fn migrate<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
         where
             C: AsyncConnection<Backend = Self>;
+
+        /// Whether the session finds an `inbox` table where the crate's unqualified
+        /// statements look for it: the connection's database, or its `search_path`.
+        fn inbox_is_visible<C>(conn: &mut C) -> impl Future<Output = QueryResult<bool>> + Send
+        where
+            C: AsyncConnection<Backend = Self>;
+    }
+
+    /// How many tables named `inbox` a session sees: what [`inbox_is_visible!`] reads.
+    #[derive(Debug, diesel::QueryableByName)]
+    pub(crate) struct Tables {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub(crate) tables: i64,
     }
 }

@@ -194,7 +194,10 @@ mod imp {
     /// which the body's writes would then join and the COMMIT commit without the marker;
     /// measured on a three-node cluster, that credited a message twice. Set before it,
     /// the savepoint is gone from every transaction that lacks the marker.
-    const BEGIN_WITH_SAVEPOINT: &str = concat!("BEGIN; SAVEPOINT ", savepoint!());
+    ///
+    /// `START TRANSACTION` rather than `BEGIN`, which MariaDB's `sql_mode = ORACLE` reads
+    /// as the start of a PL/SQL block.
+    const BEGIN_WITH_SAVEPOINT: &str = concat!("START TRANSACTION; SAVEPOINT ", savepoint!());
 
     /// What a call's session holds while its body runs, once the markers are in: the
     /// database they went into, for the check after the COMMIT (see
@@ -224,6 +227,11 @@ mod imp {
     );
 
     impl sealed::Sealed for Mysql {
+        inbox_is_visible!(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS tables FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = 'inbox'"
+        );
+
         fn already_processed<'c, C>(
             conn: &'c mut C,
             marker: &Marker,

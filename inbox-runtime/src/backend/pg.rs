@@ -45,6 +45,18 @@ pub(crate) fn is_read_only(message: &str) -> bool {
     message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction")
 }
 
+/// Whether the server words its errors as the recognisers above expect: `lc_messages`
+/// in English, or the untranslated `C`/`POSIX` (the empty setting follows the server's
+/// environment, which is beyond reach, and is taken as it is).
+pub(crate) fn speaks_english(lc_messages: &str) -> bool {
+    let language = lc_messages.to_ascii_lowercase();
+    language.is_empty()
+        || language.starts_with("en")
+        || language.starts_with("c.")
+        || language == "c"
+        || language == "posix"
+}
+
 /// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).
 pub(crate) fn is_connection_lost(message: &str) -> bool {
     message.starts_with("terminating connection")
@@ -71,6 +83,8 @@ mod imp {
 
     impl sealed::Sealed for diesel::pg::Pg {
         insert_marker_on_conflict_do_nothing!();
+
+        inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
 
         fn already_processed<'c, C>(
             conn: &'c mut C,
@@ -215,8 +229,38 @@ mod imp {
                     include_str!("../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"),
                 claims = include_str!("../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
             );
-            conn.batch_execute(&migration).await
+            conn.batch_execute(&migration).await?;
+            warn_unless_english(conn).await
         }
+    }
+
+    /// Deadlocks, lock and statement time-outs reach the crate as their text alone, and
+    /// are recognised in English: in another language they would be dead-lettered. Said
+    /// once, at start-up, where `migrate` runs, with what to change.
+    async fn warn_unless_english<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = diesel::pg::Pg>,
+    {
+        #[derive(diesel::QueryableByName)]
+        struct Setting {
+            #[diesel(sql_type = Text)]
+            lc_messages: String,
+        }
+        let Setting { lc_messages } =
+            diesel::sql_query("SELECT current_setting('lc_messages') AS lc_messages")
+                .get_result(conn)
+                .await?;
+        if !super::speaks_english(&lc_messages) {
+            tracing::warn!(
+                lc_messages,
+                "PostgreSQL words its errors in another language than English here, so \
+                 diesel-inbox cannot tell a deadlock or a lock time-out from a permanent \
+                 failure, and would dead-letter messages a retry would process: set \
+                 `lc_messages = 'C'` for the consumers' connections (in postgresql.conf, \
+                 or `ALTER ROLE … SET lc_messages = 'C'` as a superuser)"
+            );
+        }
+        Ok(())
     }
 
     /// 25P02, which diesel-async reports as `Unknown` with only the message text.

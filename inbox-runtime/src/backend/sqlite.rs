@@ -53,6 +53,10 @@ mod imp {
     }
 
     impl sealed::Sealed for Sqlite {
+        inbox_is_visible!(
+            "SELECT COUNT(*) AS tables FROM sqlite_master WHERE type = 'table' AND name = 'inbox'"
+        );
+
         /// The key goes in as hex literals cast to the `TEXT` the columns hold (a blob
         /// would never equal the bound text that other statements compare it with).
         fn begin_with_marker<'c, C>(
