@@ -15,7 +15,7 @@ use diesel_async::pooled_connection::{
 };
 use diesel_inbox::{
     BatchOutcome, Classified, Classify, Disposition, ErrorClass, InboxBackend, Outcome,
-    RetryPolicy, class_of, classify, retry,
+    RetryPolicy, class_of, classify, idempotent, retry,
 };
 
 use super::batch::batch_credit;
@@ -84,18 +84,9 @@ where
     assert_eq!(runs.into_inner(), 3, "{shape}: one run and two retries");
 }
 
-/// Every way a handler's code carries a retryable database error, from this backend's
-/// own error for a wait cut short (`settings` sets the wait's limit).
-pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &str) {
-    create_tables(&db, 1).await;
-    let (holder, gate) = hold_marker(&db, 0, false).await;
-    let mut conn = connect_with(&db, settings).await;
-    let cut_short = credit(&mut conn, &Credit::new(0))
-        .await
-        .expect_err("the wait for the holder's marker is cut short");
-    assert_eq!(classify(&cut_short), ErrorClass::Transient, "{cut_short}");
-
-    let error = || again(&cut_short);
+/// `error` is retried in every way a handler's code carries a database error.
+async fn assert_retried_in_every_shape(database: &Error) {
+    let error = || again(database);
     assert_retried("diesel::result::Error", error).await;
     assert_retried("thiserror #[from]", || RepoError::from(error())).await;
     assert_retried("thiserror transparent", || {
@@ -130,6 +121,20 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
         BoxError::from(std::io::Error::other(TransparentRepoError::from(error())))
     })
     .await;
+}
+
+/// Every way a handler's code carries a retryable database error, from this backend's
+/// own error for a wait cut short (`settings` sets the wait's limit).
+pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &str) {
+    create_tables(&db, 1).await;
+    let (holder, gate) = hold_marker(&db, 0, false).await;
+    let mut conn = connect_with(&db, settings).await;
+    let cut_short = credit(&mut conn, &Credit::new(0))
+        .await
+        .expect_err("the wait for the holder's marker is cut short");
+    assert_eq!(classify(&cut_short), ErrorClass::Transient, "{cut_short}");
+
+    assert_retried_in_every_shape(&cut_short).await;
 
     // End to end: the README's retry loop, with the error shape, waits out the
     // holder and then processes the message once.
@@ -163,6 +168,7 @@ pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
     let single = credit(&mut conn, &Credit::new(0)).await;
     let error = single.as_ref().expect_err("a read-only transaction");
     assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
+    assert_retried_in_every_shape(error).await;
     assert_eq!(Disposition::of(&single), Disposition::Retry { after: None });
     let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)]).await;
     assert_eq!(
@@ -179,6 +185,39 @@ pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
         Outcome::Processed(())
     );
     assert_eq!(balances(&db, 2).await, vec![1, 0]);
+}
+
+/// The credit handler, returning `anyhow::Result` as a handler may.
+#[idempotent(consumer = "anyhow_credit", key = credit.message_id.as_str())]
+pub async fn anyhow_credit<C>(conn: &mut C, credit: &Credit) -> anyhow::Result<()>
+where
+    C: diesel_async::AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    super::apply(conn, credit).await?;
+    Ok(())
+}
+
+/// An anyhow handler settles end to end: its result goes to `Disposition::of` as it is,
+/// and a wait cut short inside it is retried.
+pub async fn anyhow_handlers_are_settled<D: TestDb>(db: D, settings: &str) {
+    create_tables(&db, 1).await;
+    let (holder, gate) = hold_marker(&db, 0, false).await;
+    let mut conn = connect_with(&db, settings).await;
+    // The holder holds the account's row: the anyhow handler's own write waits for it.
+    let cut_short = anyhow_credit(&mut conn, &Credit::new(0)).await;
+    assert_eq!(
+        Disposition::of(&cut_short),
+        Disposition::Retry { after: None },
+        "{:?}",
+        cut_short.err()
+    );
+    gate.release.notify_one();
+    assert!(holder.await.unwrap().is_err(), "the holder rolled back");
+    let mut conn = db.connect().await;
+    let processed = anyhow_credit(&mut conn, &Credit::new(0)).await;
+    assert_eq!(Disposition::of(&processed), Disposition::Ack);
+    assert_eq!(balances(&db, 1).await, vec![1]);
 }
 
 /// A session that finds no inbox (the migration has not run where its connections
@@ -390,6 +429,24 @@ macro_rules! verdict_scenarios {
                 common::bounded(
                     common::verdicts::a_missing_inbox_is_retried_with_what_to_do(db.clone()),
                 )
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+
+        #[cfg(all(
+            feature = "retry",
+            feature = "anyhow",
+            feature = "deadpool",
+            feature = "bb8"
+        ))]
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn anyhow_handlers_are_settled() {
+            if let Some(db) = $db("anyhow_handlers").await {
+                common::bounded(common::verdicts::anyhow_handlers_are_settled(
+                    db.clone(),
+                    $lock_wait,
+                ))
                 .await;
                 common::TestDb::cleanup(db).await;
             }
