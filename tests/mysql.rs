@@ -86,26 +86,9 @@ batch_scenarios!(create, swallowed = "ROLLBACK");
 verdict_scenarios!(
     create,
     lock_wait = "SET innodb_lock_wait_timeout = 1",
-    read_only = "SET SESSION TRANSACTION READ ONLY"
+    read_only = "SET SESSION TRANSACTION READ ONLY",
+    unreachable = AsyncMysqlConnection => "mysql://root@127.0.0.1:1/test",
 );
-
-#[cfg(all(
-    feature = "retry",
-    feature = "anyhow",
-    feature = "deadpool",
-    feature = "bb8"
-))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unreachable_databases_are_retried() {
-    let Some(db) = create("unreachable").await else {
-        return;
-    };
-    bounded(common::verdicts::unreachable_databases_are_retried::<
-        AsyncMysqlConnection,
-    >(db.0.url(), "mysql://root@127.0.0.1:1/test"))
-    .await;
-    db.cleanup().await;
-}
 
 impl MysqlDb {
     /// The server's id for this connection, as `KILL QUERY` takes it.

@@ -52,26 +52,9 @@ batch_scenarios!(create, swallowed = "SELECT * FROM no_such_table");
 verdict_scenarios!(
     create,
     lock_wait = "SET lock_timeout = '100ms'",
-    read_only = "SET default_transaction_read_only = on"
+    read_only = "SET default_transaction_read_only = on",
+    unreachable = AsyncPgConnection => "postgres://postgres@127.0.0.1:1/test",
 );
-
-#[cfg(all(
-    feature = "retry",
-    feature = "anyhow",
-    feature = "deadpool",
-    feature = "bb8"
-))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unreachable_databases_are_retried() {
-    let Some(db) = create("unreachable").await else {
-        return;
-    };
-    bounded(common::verdicts::unreachable_databases_are_retried::<
-        AsyncPgConnection,
-    >(db.0.url(), "postgres://postgres@127.0.0.1:1/test"))
-    .await;
-    db.cleanup().await;
-}
 
 #[idempotent(consumer = "swallowing", key = credit.message_id.as_str())]
 async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {

@@ -395,77 +395,43 @@ pub async fn own_errors_say_their_verdict() {
 }
 
 /// The verdict scenarios that hold on every backend: `lock_wait` limits a session's wait
-/// for a lock, `read_only` makes a session read-only.
+/// for a lock, `read_only` makes a session read-only; on a server, `unreachable` is a
+/// connection type and a URL where nothing listens.
 #[macro_export]
 macro_rules! verdict_scenarios {
-    ($db:expr, lock_wait = $lock_wait:expr, read_only = $read_only:expr) => {
-        #[cfg(all(
-            feature = "retry",
-            feature = "anyhow",
-            feature = "deadpool",
-            feature = "bb8"
-        ))]
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn wrapped_database_errors_are_retried() {
-            if let Some(db) = $db("wrapped_errors").await {
-                common::bounded(common::verdicts::wrapped_database_errors_are_retried(
-                    db.clone(),
-                    $lock_wait,
-                ))
-                .await;
-                common::TestDb::cleanup(db).await;
-            }
-        }
+    ($db:expr, lock_wait = $lock_wait:expr, read_only = $read_only:expr $(,)?) => {
+        verdict_scenarios!(@test $db; wrapped_database_errors_are_retried($lock_wait));
+        verdict_scenarios!(@test $db; anyhow_handlers_are_settled($lock_wait));
+        verdict_scenarios!(@test $db; a_missing_inbox_is_retried_with_what_to_do());
+        verdict_scenarios!(@test $db; read_only_session_is_retried($read_only));
+    };
+    (
+        $db:expr,
+        lock_wait = $lock_wait:expr,
+        read_only = $read_only:expr,
+        unreachable = $conn:ty => $url:expr $(,)?
+    ) => {
+        verdict_scenarios!($db, lock_wait = $lock_wait, read_only = $read_only);
 
-        #[cfg(all(
-            feature = "retry",
-            feature = "anyhow",
-            feature = "deadpool",
-            feature = "bb8"
-        ))]
+        #[cfg(all(feature = "retry", feature = "anyhow", feature = "deadpool", feature = "bb8"))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn a_missing_inbox_is_retried_with_what_to_do() {
-            if let Some(db) = $db("missing_inbox").await {
+        async fn unreachable_databases_are_retried() {
+            if let Some(db) = $db("unreachable").await {
+                let url = common::TestDb::database(&db).url().to_owned();
                 common::bounded(
-                    common::verdicts::a_missing_inbox_is_retried_with_what_to_do(db.clone()),
+                    common::verdicts::unreachable_databases_are_retried::<$conn>(&url, $url),
                 )
                 .await;
                 common::TestDb::cleanup(db).await;
             }
         }
-
-        #[cfg(all(
-            feature = "retry",
-            feature = "anyhow",
-            feature = "deadpool",
-            feature = "bb8"
-        ))]
+    };
+    (@test $db:expr; $scenario:ident($($arg:expr),*)) => {
+        #[cfg(all(feature = "retry", feature = "anyhow", feature = "deadpool", feature = "bb8"))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn anyhow_handlers_are_settled() {
-            if let Some(db) = $db("anyhow_handlers").await {
-                common::bounded(common::verdicts::anyhow_handlers_are_settled(
-                    db.clone(),
-                    $lock_wait,
-                ))
-                .await;
-                common::TestDb::cleanup(db).await;
-            }
-        }
-
-        #[cfg(all(
-            feature = "retry",
-            feature = "anyhow",
-            feature = "deadpool",
-            feature = "bb8"
-        ))]
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn read_only_session_is_retried() {
-            if let Some(db) = $db("read_only").await {
-                common::bounded(common::verdicts::read_only_session_is_retried(
-                    db.clone(),
-                    $read_only,
-                ))
-                .await;
+        async fn $scenario() {
+            if let Some(db) = $db(stringify!($scenario)).await {
+                common::bounded(common::verdicts::$scenario(db.clone() $(, $arg)*)).await;
                 common::TestDb::cleanup(db).await;
             }
         }
