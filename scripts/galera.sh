@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A three-node MariaDB Galera cluster (multi-primary) on loopback, for the cluster suite:
-#   scripts/galera.sh start|stop|status|kill N|restart N
+#   scripts/galera.sh start|stop|status|kill N|restart N|isolate N|rejoin N
 # Nodes listen on 127.0.0.1:3311, 3312 and 3313 (root, no password), with their data
 # directories under $GALERA_DIR (default /tmp/diesel-inbox-galera). No state transfer is
 # needed: node 1 is initialised and shut down cleanly, and its data directory copied to
@@ -115,8 +115,17 @@ restart)
     start_node "$2"
     wait_for "$2" clustered
     ;;
+isolate)
+    # Cuts node N off from the others, as a network partition does: it leaves the
+    # primary component once the others stop hearing from it, after some seconds.
+    sql "$2" "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'"
+    ;;
+rejoin)
+    sql "$2" "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'"
+    for n in 1 2 3; do wait_for "$n" clustered; done
+    ;;
 *)
-    echo "usage: $0 start|stop|status|kill N|restart N" >&2
+    echo "usage: $0 start|stop|status|kill N|restart N|isolate N|rejoin N" >&2
     exit 2
     ;;
 esac

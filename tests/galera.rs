@@ -577,3 +577,231 @@ async fn a_commit_that_ends_a_newer_transaction_commits_nothing() {
     .await;
     cluster.cleanup().await;
 }
+
+/// The claim-mode consumer of the partition test: its body is the external call, counted
+/// per message by the test.
+#[idempotent(consumer = "cluster-claim", key = credit.message_id.as_str(), claim,
+             lease = Duration::from_secs(5))]
+async fn cluster_claim(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    calls: &std::sync::Mutex<std::collections::HashMap<i64, u32>>,
+) -> Result<(), Error> {
+    *calls.lock().unwrap().entry(credit.account).or_default() += 1;
+    Ok(())
+}
+
+/// How each kind of consumer in the partition test delivers a message.
+#[derive(Clone, Copy, Debug)]
+enum Consumer {
+    Transactional,
+    Batch,
+    Claim,
+}
+
+/// What the partition test's consumers saw, counted as they saw it.
+#[derive(Default)]
+struct PartitionTally {
+    /// Set while node 3 is outside the primary component.
+    partitioned: std::sync::atomic::AtomicBool,
+    /// Failed runs while it was, each retried.
+    failed_while_partitioned: std::sync::atomic::AtomicUsize,
+    /// Deliveries that ended in an error no retry fixes: each would be a dead letter.
+    dead_letters: std::sync::Mutex<Vec<String>>,
+    claim_calls: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
+}
+
+impl PartitionTally {
+    fn failed(&self) {
+        if self.partitioned.load(std::sync::atomic::Ordering::Relaxed) {
+            self.failed_while_partitioned
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Puts node 3 back into the cluster when dropped, even by a failing test, so that the
+/// tests after it find three nodes.
+struct Rejoin;
+
+impl Drop for Rejoin {
+    fn drop(&mut self) {
+        galera(&["rejoin", "3"]);
+    }
+}
+
+/// One consumer: delivers its messages in turn, each through the retry helper on a node
+/// chosen round-robin (a retry moves on to the next node), patient enough to outlast the
+/// partition.
+async fn partition_consumer(
+    cluster: Cluster,
+    tally: Arc<PartitionTally>,
+    consumer: Consumer,
+    worker: usize,
+    messages: std::ops::Range<i64>,
+) {
+    let policy = RetryPolicy::new()
+        .with_max_retries(300)
+        .with_max_delay(Duration::from_millis(200));
+    let next = std::sync::atomic::AtomicUsize::new(worker);
+    for n in messages {
+        let message = Credit::new(n);
+        let settled = retry(&policy, || async {
+            let mut conn = next_node(&cluster, &next)
+                .await
+                .inspect_err(|_| tally.failed())?;
+            let delivered = match consumer {
+                Consumer::Transactional => cluster_credit(&mut conn, &message, None)
+                    .await
+                    .map(|outcome| outcome.is_processed()),
+                Consumer::Batch => cluster_batch_credit(&mut conn, std::slice::from_ref(&message))
+                    .await
+                    .map(|batch| batch.processed() == 1),
+                // A live claim elsewhere (taken by a delivery that lost its answer in the
+                // partition) comes back later, as a broker would redeliver it.
+                Consumer::Claim => {
+                    match cluster_claim(&mut conn, &message, &tally.claim_calls).await {
+                        Ok(Outcome::InProgress { .. }) => Err(Error::DatabaseError(
+                            diesel::result::DatabaseErrorKind::SerializationFailure,
+                            Box::new(String::from("held by a live claim")),
+                        )),
+                        other => other.map(|outcome| outcome.is_processed()),
+                    }
+                }
+            };
+            delivered.inspect_err(|_| tally.failed())
+        })
+        .await;
+        if let Err(error) = settled {
+            let class = classify(&error);
+            tally
+                .dead_letters
+                .lock()
+                .unwrap()
+                .push(format!("{consumer:?} {n}: {class:?}: {error}"));
+        }
+    }
+}
+
+/// Node 3 is cut off from the others mid-run, as a network partition does, while
+/// transactional, batch and claim-mode consumers deliver through all three nodes, then
+/// joins again. Statements sent to it once it has left the primary component get 1047,
+/// and a commit in flight as it leaves gets 1180 ("Not connected to Primary
+/// Component"): every one of them is retried on another node, nothing is dead-lettered,
+/// every message is applied once, and every claim completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_node_dead_letters_nothing() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("partition").await else {
+        return;
+    };
+    // Each consumer kind has messages and accounts of its own.
+    let per_kind = 4 * messages();
+    bounded(async {
+        cluster.create_tables(3 * per_kind).await;
+        let tally = Arc::new(PartitionTally::default());
+        let mut consumers = Vec::new();
+        for (k, consumer) in [Consumer::Transactional, Consumer::Batch, Consumer::Claim]
+            .into_iter()
+            .enumerate()
+        {
+            // Two workers per kind, each with half of the kind's messages.
+            for half in 0..2 {
+                let start = k as i64 * per_kind + half * per_kind / 2;
+                consumers.push(tokio::spawn(partition_consumer(
+                    cluster.clone(),
+                    Arc::clone(&tally),
+                    consumer,
+                    2 * k + half as usize,
+                    start..start + per_kind / 2,
+                )));
+            }
+        }
+
+        // The partition, once deliveries are under way.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rejoin = Rejoin;
+        galera(&["isolate", "3"]);
+        let mut node_3 = cluster.node(2).await.expect("node 3");
+        let left = async {
+            loop {
+                let status = select_text(&mut node_3, "wsrep_cluster_status").await;
+                if status != "Primary" {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), left)
+            .await
+            .expect("node 3 leaves the primary component");
+        tally
+            .partitioned
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tally
+            .partitioned
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        drop(rejoin);
+
+        for consumer in consumers {
+            consumer.await.expect("a consumer panicked");
+        }
+        let dead_letters = tally.dead_letters.lock().unwrap().clone();
+        assert!(dead_letters.is_empty(), "dead-lettered: {dead_letters:#?}");
+        let failed = tally
+            .failed_while_partitioned
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(failed > 0, "no delivery met the partition");
+
+        // Transactional and batch consumers credit their accounts once each.
+        let balances = common::balances(&cluster, 3 * per_kind).await;
+        assert_eq!(
+            balances[..2 * per_kind as usize],
+            vec![1; 2 * per_kind as usize]
+        );
+        // Every claim completed, at its first attempt or at a takeover's.
+        let mut conn = cluster.connect().await;
+        let consumer = "consumer = 'cluster-claim'";
+        let count = |condition: &str| {
+            format!("SELECT COUNT(*) FROM inbox WHERE {consumer} AND {condition}")
+        };
+        assert_eq!(
+            select_i64(&mut conn, &count("lease_ends_at IS NULL"))
+                .await
+                .unwrap(),
+            per_kind,
+            "every claim completed"
+        );
+        assert_eq!(
+            select_i64(&mut conn, &count("attempts > 2")).await.unwrap(),
+            0,
+            "no claim taken over more than once"
+        );
+        let calls = tally.claim_calls.lock().unwrap().clone();
+        assert_eq!(calls.len() as i64, per_kind, "every claim's call was made");
+        eprintln!(
+            "partition: {failed} runs failed while node 3 was outside the primary component; \
+             {} claim calls for {per_kind} claims",
+            calls.values().sum::<u32>()
+        );
+    })
+    .await;
+    cluster.cleanup().await;
+}
+
+/// A status variable of the node `conn` is connected to; SHOW STATUS answers on a node
+/// outside the primary component too.
+async fn select_text(conn: &mut AsyncMysqlConnection, variable: &str) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct Status {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        #[diesel(column_name = Value)]
+        value: String,
+    }
+    let query = format!("SHOW STATUS LIKE '{variable}'");
+    let status: Status = diesel_async::RunQueryDsl::get_result(diesel::sql_query(query), conn)
+        .await
+        .expect("SHOW STATUS");
+    status.value
+}

@@ -271,6 +271,9 @@ mod tests {
             "Input/output error: broken pipe",
             // Galera 1047: this node has left the primary component.
             "WSREP has not yet prepared node for application use",
+            // Galera 1180: a commit in flight as the node left the primary component.
+            "Error while appending streaming replication fragment(provider status: Not \
+             connected to Primary Component)",
         ] {
             assert_eq!(
                 unknown(message),

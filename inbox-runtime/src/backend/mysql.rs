@@ -130,11 +130,16 @@ pub(crate) fn is_transient(message: &str) -> bool {
         || is_lost_diesel_savepoint(message)
 }
 
-/// The driver's texts for a connection that is gone, and Galera's 1047 from a node that
-/// has left the cluster's primary component (reconnect to another node).
+/// The driver's texts for a connection that is gone, and a Galera node's for having left
+/// the cluster's primary component (reconnect to another node, or to this one once it
+/// has rejoined): 1047 for a statement sent after it left, and 1180 for a commit, or an
+/// autocommitted statement, in flight as it left, whose write set never reached the
+/// cluster. wsrep writes both in English whatever `lc_messages` says.
 pub(crate) fn is_connection_lost(message: &str) -> bool {
     [
         "WSREP has not yet prepared node for application use",
+        "provider status: Not connected to Primary Component",
+        "provider status: Provider in bad state",
         "Input/output error",
         "Lost connection to",
         "server has gone away",
