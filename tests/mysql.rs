@@ -89,6 +89,16 @@ verdict_scenarios!(
     read_only = "SET SESSION TRANSACTION READ ONLY",
     unreachable = AsyncMysqlConnection => "mysql://root@127.0.0.1:1/test",
 );
+key_scenarios!(
+    create,
+    common::keys::Storage {
+        refuses_nul: false,
+        stored_hex: "HEX(message_id)",
+        expected_hex: common::keys::utf8_hex,
+    };
+    keys_are_stored_as_encoded => "SET NAMES utf8mb4",
+    keys_are_stored_as_encoded_in_latin1 => "SET NAMES latin1",
+);
 
 impl MysqlDb {
     /// The server's id for this connection, as `KILL QUERY` takes it.

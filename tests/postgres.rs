@@ -55,6 +55,16 @@ verdict_scenarios!(
     read_only = "SET default_transaction_read_only = on",
     unreachable = AsyncPgConnection => "postgres://postgres@127.0.0.1:1/test",
 );
+key_scenarios!(
+    create,
+    common::keys::Storage {
+        refuses_nul: true,
+        stored_hex: "upper(encode(convert_to(message_id, 'UTF8'), 'hex'))",
+        expected_hex: common::keys::utf8_hex,
+    };
+    keys_are_stored_as_encoded => "",
+    keys_are_stored_as_encoded_in_latin1 => "SET client_encoding = 'LATIN1'",
+);
 
 #[idempotent(consumer = "swallowing", key = credit.message_id.as_str())]
 async fn swallowing_credit(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
@@ -391,6 +401,72 @@ async fn lost_connection_is_retried_on_a_new_one() {
             vec![ErrorClass::ConnectionUnusable]
         );
         assert_eq!(common::balances(&db, 1).await, vec![1]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
+#[idempotent(consumer = "claimed", key = credit.message_id.as_str(), claim)]
+async fn claimed(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
+    common::apply(conn, credit).await
+}
+
+/// Two replicas whose sessions differ in `client_encoding` must agree on every key:
+/// bound as text, LATIN1 stored "é" as "Ã©", so the replica in UTF-8 processed the
+/// message "é" again, and the message "Ã©" was taken for a duplicate of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_in_other_encodings_agree_on_keys() {
+    let Some(db) = create("client_encodings").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 2).await;
+        let mut latin1 = common::connect_with(&db, "SET client_encoding = 'LATIN1'").await;
+        let mut utf8 = db.connect().await;
+        let key = |message_id: &str, account| Credit {
+            message_id: message_id.to_owned(),
+            account,
+        };
+        // Each path: the transaction, the fast path's read, the batch, and claim mode.
+        assert_eq!(
+            common::credit(&mut latin1, &key("é", 0)).await,
+            Ok(Outcome::Processed(()))
+        );
+        assert_eq!(
+            common::credit(&mut utf8, &key("é", 0)).await,
+            Ok(Outcome::Duplicate)
+        );
+        assert_eq!(
+            common::credit_reading_first(&mut latin1, &key("é", 0)).await,
+            Ok(Outcome::Duplicate)
+        );
+        assert_eq!(
+            common::credit_reading_first(&mut latin1, &key("Ã©", 1)).await,
+            Ok(Outcome::Processed(()))
+        );
+        let batch = common::batch::batch_credit(&mut latin1, &[key("é", 0), key("Ã©", 1)])
+            .await
+            .unwrap();
+        assert_eq!(batch.processed(), 2);
+        let batch = common::batch::batch_credit(&mut utf8, &[key("é", 0), key("Ã©", 1)])
+            .await
+            .unwrap();
+        assert_eq!(batch.processed(), 0);
+        assert_eq!(
+            claimed(&mut latin1, &key("é", 0)).await,
+            Ok(Outcome::Processed(()))
+        );
+        assert_eq!(
+            claimed(&mut utf8, &key("é", 0)).await,
+            Ok(Outcome::Duplicate)
+        );
+        assert_eq!(
+            claimed(&mut utf8, &key("Ã©", 1)).await,
+            Ok(Outcome::Processed(()))
+        );
+        let stored = "SELECT COUNT(*) FROM inbox WHERE message_id IN ('é', 'Ã©')";
+        assert_eq!(select_i64(&mut utf8, stored).await.unwrap(), 6);
+        assert_eq!(common::balances(&db, 2).await, vec![3, 3]);
     })
     .await;
     db.cleanup().await;

@@ -21,6 +21,9 @@ struct SqliteDb {
     /// Whether connections share one page cache, where `PRAGMA read_uncommitted` lets a
     /// connection read what the others have not committed.
     shared_cache: bool,
+    /// Whether connections open a file of the same directory whose text is UTF-16
+    /// (`PRAGMA encoding = 'UTF-16le'`), as some .NET and Windows tools create them.
+    utf16: bool,
 }
 
 /// The test's database file.
@@ -29,7 +32,36 @@ async fn create(test: &str) -> Option<SqliteDb> {
     Some(SqliteDb {
         database: database.expect("create the test database"),
         shared_cache: false,
+        utf16: false,
     })
+}
+
+/// A database file of the test's whose text is UTF-16, with the inbox migrated into it.
+async fn create_utf16(test: &str) -> Option<SqliteDb> {
+    let db = SqliteDb {
+        utf16: true,
+        ..create(test).await?
+    };
+    let mut conn = db.connect().await;
+    diesel_inbox::migrate(&mut conn).await.expect("migrate");
+    assert_eq!(
+        select_i64(
+            &mut conn,
+            "SELECT COUNT(*) FROM pragma_encoding WHERE encoding = 'UTF-16le'"
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    Some(db)
+}
+
+/// `key`'s UTF-16LE bytes as hex digits: how a UTF-16 file stores its text.
+fn utf16_hex(key: &str) -> String {
+    key.encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .map(|byte| format!("{byte:02X}"))
+        .collect()
 }
 
 impl TestDb for SqliteDb {
@@ -40,6 +72,18 @@ impl TestDb for SqliteDb {
     }
 
     async fn connect(&self) -> Conn {
+        if self.utf16 {
+            let path = self
+                .database
+                .url()
+                .replace("inbox.sqlite3", "utf16.sqlite3");
+            let mut conn = Conn::establish(&path).await.expect("open SQLite file");
+            // Takes effect only on a file still empty: the first connection's.
+            conn.batch_execute("PRAGMA encoding = 'UTF-16le'; PRAGMA busy_timeout = 10000;")
+                .await
+                .expect("configure SQLite");
+            return conn;
+        }
         if !self.shared_cache {
             return self.database.connect().await.expect("open SQLite file");
         }
@@ -63,6 +107,72 @@ verdict_scenarios!(
     lock_wait = "PRAGMA busy_timeout = 0",
     read_only = "PRAGMA query_only = 1"
 );
+key_scenarios!(
+    create,
+    common::keys::Storage {
+        refuses_nul: false,
+        stored_hex: "hex(CAST(message_id AS BLOB))",
+        expected_hex: common::keys::utf8_hex,
+    };
+    keys_are_stored_as_encoded => "",
+);
+key_scenarios!(
+    create_utf16,
+    common::keys::Storage {
+        refuses_nul: false,
+        stored_hex: "hex(CAST(message_id AS BLOB))",
+        expected_hex: utf16_hex,
+    };
+    keys_are_stored_as_encoded_in_utf16 => "",
+);
+
+/// In a UTF-16 file the one-message path stored its hex literals as UTF-16 text, so
+/// m-1, m-2 and m-3 became one marker (the last two bodies never ran), "7" was stored
+/// empty, and the consumers "ledger1" and "ledger2" as one name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_utf16_file_keeps_keys_and_consumers_apart() {
+    let Some(db) = create_utf16("utf16_apart").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        for key in ["m-1", "m-2", "m-3", "7", "8"] {
+            let message = Credit {
+                message_id: key.to_owned(),
+                account: 0,
+            };
+            for delivery in [Outcome::Processed(()), Outcome::Duplicate] {
+                assert_eq!(
+                    ledger1(&mut conn, &message).await.unwrap(),
+                    delivery,
+                    "{key}"
+                );
+                assert_eq!(
+                    ledger2(&mut conn, &message).await.unwrap(),
+                    delivery,
+                    "{key}"
+                );
+            }
+        }
+        let stored = "SELECT COUNT(*) FROM inbox WHERE consumer IN ('ledger1', 'ledger2') \
+                      AND message_id IN ('m-1', 'm-2', 'm-3', '7', '8')";
+        assert_eq!(select_i64(&mut conn, stored).await.unwrap(), 10);
+        assert_eq!(common::balances(&db, 1).await, vec![10]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
+#[idempotent(consumer = "ledger1", key = credit.message_id.as_str())]
+async fn ledger1(conn: &mut Conn, credit: &Credit) -> Result<(), Error> {
+    common::apply(conn, credit).await
+}
+
+#[idempotent(consumer = "ledger2", key = credit.message_id.as_str())]
+async fn ledger2(conn: &mut Conn, credit: &Credit) -> Result<(), Error> {
+    common::apply(conn, credit).await
+}
 
 #[cfg(all(
     feature = "retry",

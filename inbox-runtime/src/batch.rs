@@ -254,6 +254,13 @@ where
     if messages.is_empty() {
         return Ok(BatchOutcome::all_duplicates(0));
     }
+    let message_ids = message_ids.and_then(|ids| {
+        for (index, message_id) in ids.iter().enumerate() {
+            C::Backend::check_storable(message_id)
+                .map_err(|reason| InvalidBatchKey { index, reason })?;
+        }
+        Ok(ids)
+    });
     let registration = handler.registration;
     let span = report::batch_span(registration, messages.len());
     let started = Instant::now();

@@ -304,6 +304,7 @@ mod tests {
         assert!(!ErrorClass::InboxDuplicate.is_retryable());
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn only_english_postgresql_messages_are_recognised() {
         for english in [

@@ -52,6 +52,12 @@ pub enum InvalidKey {
         /// Length of the encoded key, in bytes.
         len: usize,
     },
+    /// The encoded key holds a NUL character, which PostgreSQL's `text` cannot store.
+    /// MySQL/MariaDB and SQLite store it like any other character.
+    Nul {
+        /// Where the first NUL is in the encoded key, in bytes.
+        at: usize,
+    },
 }
 
 impl fmt::Display for InvalidKey {
@@ -66,6 +72,11 @@ impl fmt::Display for InvalidKey {
                 "inbox key is {len} bytes, longer than the {MESSAGE_ID_MAX_BYTES}-byte \
                  message_id column; it is rejected because truncating it could make \
                  distinct messages look like duplicates"
+            ),
+            Self::Nul { at } => write!(
+                f,
+                "inbox key holds a NUL character at byte {at}, which PostgreSQL cannot store \
+                 in text; it is rejected before anything is written"
             ),
         }
     }

@@ -235,8 +235,10 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
+    let message_id = message_id?;
+    C::Backend::check_storable(&message_id)?;
     let marker = Marker {
-        message_id: message_id?,
+        message_id,
         consumer,
         fingerprint: fingerprint.clone().map(Fingerprint::into_string),
     };

@@ -18,6 +18,7 @@ use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 use tokio::sync::{Barrier, Notify};
 
 pub mod batch;
+pub mod keys;
 #[cfg(all(
     feature = "retry",
     feature = "anyhow",

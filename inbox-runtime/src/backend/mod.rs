@@ -403,6 +403,13 @@ pub(crate) mod sealed {
         where
             C: AsyncConnection<Backend = Self>;
 
+        /// Whether this backend stores `message_id`, an encoded key, byte for byte: a
+        /// key it cannot store is refused before anything is written.
+        fn check_storable(message_id: &str) -> Result<(), crate::InvalidKey> {
+            let _ = message_id;
+            Ok(())
+        }
+
         /// Whether the session finds an `inbox` table where the crate's unqualified
         /// statements look for it: the connection's database, or its `search_path`.
         fn inbox_is_visible<C>(conn: &mut C) -> impl Future<Output = QueryResult<bool>> + Send

@@ -48,6 +48,7 @@ pub(crate) fn is_read_only(message: &str) -> bool {
 /// Whether the server words its errors as the recognisers above expect: `lc_messages`
 /// in English, or the untranslated `C`/`POSIX` (the empty setting follows the server's
 /// environment, which is beyond reach, and is taken as it is).
+#[cfg(feature = "postgres")]
 pub(crate) fn speaks_english(lc_messages: &str) -> bool {
     let language = lc_messages.to_ascii_lowercase();
     language.is_empty()
@@ -69,12 +70,15 @@ mod imp {
     use diesel::OptionalExtension as _;
     use diesel::QueryResult;
     use diesel::result::{DatabaseErrorKind, Error};
-    use diesel::sql_types::{Array, BigInt, Text};
+    use diesel::sql_types::{Array, BigInt, Bytea, Text};
     use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
-    use super::super::queries::{NewMarker, marker_exists};
+    use super::super::queries::NewMarker;
     use super::super::sealed::{self, Marker, MarkerAge, PruneBounds};
-    use super::super::{leave_transaction, roll_back_for, rolled_back_underneath};
+    use super::super::{
+        end_unless_inserted, enter_transaction, leave_transaction, roll_back_for,
+        rolled_back_underneath,
+    };
     use super::ABORTED_TRANSACTION;
 
     /// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
@@ -86,6 +90,56 @@ mod imp {
 
         inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
 
+        /// `text` holds no NUL: the server rejects it mid-statement, which in a batch
+        /// would sink every message with no way to tell which one was at fault.
+        fn check_storable(message_id: &str) -> Result<(), crate::InvalidKey> {
+            match message_id.find('\0') {
+                Some(at) => Err(crate::InvalidKey::Nul { at }),
+                None => Ok(()),
+            }
+        }
+
+        /// Opens the transaction in UTF-8 whatever the session's `client_encoding`: text
+        /// bound in another encoding is converted on its way in, so a key would be
+        /// stored as other bytes than another session stores it with, and two keys
+        /// could meet (LATIN1 reads "é" as "Ã©"). `SET LOCAL` ends with the transaction,
+        /// and costs no round trip of its own.
+        fn begin_with_marker<'c, C>(
+            conn: &'c mut C,
+            marker: &Marker,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let marker = marker.clone();
+            async move {
+                begin_in_utf8(conn).await?;
+                let inserted = Self::insert_marker(conn, &marker).await;
+                end_unless_inserted(conn, inserted).await
+            }
+        }
+
+        /// As [`Sealed::begin_with_marker`] opens it.
+        async fn begin_with_markers<C>(
+            conn: &mut C,
+            consumer: &'static str,
+            message_ids: Vec<String>,
+        ) -> QueryResult<Vec<bool>>
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            begin_in_utf8(conn).await?;
+            match Self::insert_markers(conn, consumer, message_ids).await {
+                Ok(new) if new.contains(&true) => Ok(new),
+                Ok(new) => C::TransactionManager::rollback_transaction(conn)
+                    .await
+                    .map(|()| new),
+                Err(error) => Err(roll_back_for(conn, error).await),
+            }
+        }
+
+        /// The key goes in as UTF-8 bytes, which no `client_encoding` converts, so that
+        /// the read finds exactly the marker the transaction stores.
         fn already_processed<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -94,7 +148,16 @@ mod imp {
             C: AsyncConnection<Backend = Self>,
         {
             // PostgreSQL never reads uncommitted rows, at any isolation level.
-            marker_exists(marker.message_id.clone(), marker.consumer).get_result(conn)
+            let query = diesel::sql_query(
+                "SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = convert_from($1, 'UTF8') \
+                 AND consumer = convert_from($2, 'UTF8')) AS found",
+            )
+            .bind::<Bytea, _>(marker.message_id.clone().into_bytes())
+            .bind::<Bytea, _>(marker.consumer.as_bytes());
+            async move {
+                let Found { found } = query.get_result(conn).await?;
+                Ok(found)
+            }
         }
 
         async fn insert_markers<C>(
@@ -261,6 +324,28 @@ mod imp {
             );
         }
         Ok(())
+    }
+
+    /// Begins the call's transaction with the session's text in UTF-8 until it ends.
+    async fn begin_in_utf8<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = diesel::pg::Pg>,
+    {
+        enter_transaction(conn)?;
+        if let Err(error) = conn
+            .batch_execute("BEGIN; SET LOCAL client_encoding = 'UTF8'")
+            .await
+        {
+            return Err(roll_back_for(conn, error).await);
+        }
+        Ok(())
+    }
+
+    /// What [`Sealed::already_processed`] reads.
+    #[derive(diesel::QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
     }
 
     /// 25P02, which diesel-async reports as `Unknown` with only the message text.

@@ -7,7 +7,7 @@ use crate::schema::inbox;
 
 /// The marker's id, when there is one. Selecting the id alone keeps the statement to
 /// 0.1's columns, which a table not yet upgraded has.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(feature = "sqlite")]
 #[diesel::dsl::auto_type]
 pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
     inbox::table.select(inbox::id).filter(
@@ -15,13 +15,6 @@ pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
             .eq(message_id)
             .and(inbox::consumer.eq(consumer)),
     )
-}
-
-#[cfg(feature = "postgres")]
-#[diesel::dsl::auto_type]
-pub(super) fn marker_exists(message_id: String, consumer: &'static str) -> _ {
-    let row: marker_row = marker_row(message_id, consumer);
-    diesel::dsl::select(diesel::dsl::exists(row))
 }
 
 /// A marker that a batch insert's `RETURNING` reports as new.
@@ -55,7 +48,7 @@ pub(super) fn fingerprinted_insert(
 
 /// `text`'s bytes as hex digits, for a literal `X'…'` in a text batch: no byte of the
 /// caller's key can end the literal or change what the statement does.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "mysql")]
 pub(crate) fn hex_digits(text: &str) -> String {
     use std::fmt::Write as _;
 

@@ -39,7 +39,8 @@ mod imp {
     use diesel_async::{AsyncConnection, RunQueryDsl};
 
     use super::super::queries::{
-        InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits, marker_row,
+        InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, marker_row,
+        plain_insert,
     };
     use super::super::savepoint::{self, SavepointBackend, savepoint};
     use super::super::sealed::{self, Marker, MarkerAge, PruneBounds};
@@ -57,8 +58,11 @@ mod imp {
             "SELECT COUNT(*) AS tables FROM sqlite_master WHERE type = 'table' AND name = 'inbox'"
         );
 
-        /// The key goes in as hex literals cast to the `TEXT` the columns hold (a blob
-        /// would never equal the bound text that other statements compare it with).
+        /// The key goes in as SQL string literals, which SQLite stores in the database's
+        /// encoding, UTF-8 or UTF-16, as it does bound text. (Hex literals cast to `TEXT`
+        /// are read as bytes of that encoding: in a UTF-16 file, distinct keys were
+        /// stored as one.) A key with a NUL, which no SQL text can carry, is bound
+        /// instead, in round trips of its own.
         fn begin_with_marker<'c, C>(
             conn: &'c mut C,
             marker: &Marker,
@@ -66,23 +70,29 @@ mod imp {
         where
             C: AsyncConnection<Backend = Self>,
         {
-            let (columns, fingerprint) = match &marker.fingerprint {
-                None => ("message_id, consumer", String::new()),
-                Some(fingerprint) => (
-                    "message_id, consumer, fingerprint",
-                    format!(", CAST(X'{}' AS TEXT)", hex_digits(fingerprint)),
-                ),
-            };
-            let batch = format!(
-                "BEGIN; INSERT INTO inbox ({columns}) \
-                 VALUES (CAST(X'{}' AS TEXT), CAST(X'{}' AS TEXT){fingerprint}); SAVEPOINT {}",
-                hex_digits(&marker.message_id),
-                hex_digits(marker.consumer),
-                savepoint!(),
-            );
+            let literals = text_literal(&marker.message_id).zip(text_literal(marker.consumer));
+            let batch = literals.map(|(message_id, consumer)| {
+                let (columns, fingerprint) = match marker.fingerprint.as_deref() {
+                    None => ("message_id, consumer", String::new()),
+                    Some(fingerprint) => (
+                        "message_id, consumer, fingerprint",
+                        format!(", {}", text_literal(fingerprint).expect("hex digits")),
+                    ),
+                };
+                format!(
+                    "BEGIN; INSERT INTO inbox ({columns}) \
+                     VALUES ({message_id}, {consumer}{fingerprint}); SAVEPOINT {}",
+                    savepoint!(),
+                )
+            });
+            let marker = marker.clone();
             async move {
                 enter_transaction(conn)?;
-                let inserted = match conn.batch_execute(&batch).await {
+                let inserted = match batch {
+                    Some(batch) => conn.batch_execute(&batch).await,
+                    None => insert_bound(conn, marker).await,
+                };
+                let inserted = match inserted {
                     Ok(()) => Ok(true),
                     // Only the insert writes to a unique index.
                     Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
@@ -241,6 +251,35 @@ mod imp {
                 }
             }
         }
+    }
+
+    /// `text` as an SQL string literal; `None` for a text with a NUL, which no SQL text
+    /// can carry.
+    fn text_literal(text: &str) -> Option<String> {
+        (!text.contains('\0')).then(|| format!("'{}'", text.replace('\'', "''")))
+    }
+
+    /// `BEGIN`, the marker insert with its text bound, and the savepoint, each a round
+    /// trip of its own: for a key that no SQL text can carry.
+    async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Sqlite>,
+    {
+        conn.batch_execute("BEGIN").await?;
+        match marker.fingerprint {
+            None => {
+                plain_insert(marker.message_id, marker.consumer)
+                    .execute(&mut *conn)
+                    .await?
+            }
+            Some(fingerprint) => {
+                fingerprinted_insert(marker.message_id, marker.consumer, fingerprint)
+                    .execute(&mut *conn)
+                    .await?
+            }
+        };
+        conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+            .await
     }
 
     impl SavepointBackend for Sqlite {

@@ -5,18 +5,33 @@
 
 use diesel::QueryResult;
 use diesel::pg::Pg;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{
-    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
-};
+use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+
+/// A conditional update of the claim [`BY_KEY`] names, still held by `token` where given;
+/// whether it updated the row.
+macro_rules! update_claim_by_bytes {
+    ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
+        let query = diesel::sql_query($sql)
+            .bind::<Bytea, _>($key.message_id.into_bytes())
+            .bind::<Bytea, _>($key.consumer.into_bytes())
+            $(.bind::<Text, _>($token))?;
+        let updated = query.execute($conn).await?;
+        Ok(updated == 1)
+    }};
+}
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= now())";
 
-/// The claim a conditional update is about, by its placeholders `$1` and `$2`.
-const BY_KEY: &str = "WHERE message_id = $1 AND consumer = $2";
+/// The claim a conditional update is about, by its placeholders `$1` and `$2`: the key
+/// and the consumer as UTF-8 bytes, which no `client_encoding` converts on their way in
+/// (bound as text, LATIN1 would store "é" as "Ã©", and another session's key could meet
+/// it).
+const BY_KEY: &str =
+    "WHERE message_id = convert_from($1, 'UTF8') AND consumer = convert_from($2, 'UTF8')";
 
 /// Still held by the token `$3`, even past its lease.
 const HELD: &str = "claim_token = $3 AND lease_ends_at IS NOT NULL";
@@ -36,11 +51,11 @@ impl ClaimStatements for Pg {
         // the transactional handlers' marker insert, and raises no error to log.
         let inserted = diesel::sql_query(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
-             fingerprint) VALUES ($1, $2, now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
+             fingerprint) VALUES (convert_from($1, 'UTF8'), convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
              ON CONFLICT (message_id, consumer) DO NOTHING",
         )
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Bytea, _>(claim.key.message_id.into_bytes())
+        .bind::<Bytea, _>(claim.key.consumer.into_bytes())
         .bind::<BigInt, _>(claim.lease_micros)
         .bind::<Text, _>(claim.token)
         .bind::<Nullable<Text>, _>(claim.fingerprint)
@@ -53,16 +68,16 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let rows = diesel::sql_query(
+        let rows = diesel::sql_query(format!(
             "SELECT lease_ends_at IS NULL AS completed, \
              COALESCE(claim_token IS NOT NULL AND lease_ends_at > now(), false) AS live, \
              lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
              CAST(EXTRACT(EPOCH FROM lease_ends_at - now()) * 1000000 AS bigint) \
              AS lease_remaining_micros, attempts, fingerprint \
-             FROM inbox WHERE message_id = $1 AND consumer = $2",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
+             FROM inbox {BY_KEY}"
+        ))
+        .bind::<Bytea, _>(key.message_id.into_bytes())
+        .bind::<Bytea, _>(key.consumer.into_bytes())
         .load::<ClaimRow>(conn)
         .await?;
         Ok(rows.into_iter().next())
@@ -79,8 +94,8 @@ impl ClaimStatements for Pg {
              lease_ends_at = now() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
              {BY_KEY} AND attempts = $5 AND {STALE}"
         ))
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Bytea, _>(claim.key.message_id.into_bytes())
+        .bind::<Bytea, _>(claim.key.consumer.into_bytes())
         .bind::<Text, _>(claim.token)
         .bind::<BigInt, _>(claim.lease_micros)
         .bind::<Integer, _>(seen_attempts)
@@ -94,7 +109,7 @@ impl ClaimStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
-        update_claim!(conn, &sql, key, token)
+        update_claim_by_bytes!(conn, &sql, key, token)
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
@@ -105,8 +120,8 @@ impl ClaimStatements for Pg {
             "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
              {BY_KEY} AND {HELD}"
         ))
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Bytea, _>(claim.key.message_id.into_bytes())
+        .bind::<Bytea, _>(claim.key.consumer.into_bytes())
         .bind::<Text, _>(claim.token)
         .bind::<BigInt, _>(claim.lease_micros)
         .execute(conn)
@@ -119,7 +134,7 @@ impl ClaimStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        update_claim!(conn, &sql, key, token)
+        update_claim_by_bytes!(conn, &sql, key, token)
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -141,7 +156,7 @@ impl ClaimStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
-        update_claim!(conn, &sql, key)
+        update_claim_by_bytes!(conn, &sql, key)
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
@@ -149,6 +164,6 @@ impl ClaimStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
-        update_claim!(conn, &sql, key)
+        update_claim_by_bytes!(conn, &sql, key)
     }
 }

@@ -9,6 +9,7 @@ use tracing::Instrument as _;
 use super::{Claim, ClaimError, micros};
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim};
+use crate::backend::sealed::Sealed as _;
 use crate::classify::classify;
 use crate::fingerprint::{self, Fingerprint};
 use crate::key::InvalidKey;
@@ -142,6 +143,10 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
+    let message_id = message_id.and_then(|message_id| {
+        C::Backend::check_storable(&message_id)?;
+        Ok(message_id)
+    });
     let key = match message_id {
         Ok(message_id) => ClaimKey {
             message_id,
