@@ -71,6 +71,7 @@ pub fn classify(error: &Error) -> ErrorClass {
         // mode, like an invalid key or a fingerprint mismatch, is permanent.
         Error::SerializationError(inner) => match inner.downcast_ref::<ClaimError>() {
             Some(claim) if claim.is_transient() => ErrorClass::Transient,
+            Some(claim) if claim.leaves_connection_unusable() => ErrorClass::ConnectionUnusable,
             _ => ErrorClass::Permanent,
         },
         // The rollback after a failed COMMIT failed too: the transaction may still be

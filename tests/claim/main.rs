@@ -516,6 +516,105 @@ async fn outliving_the_lease_loses_the_claim<C: TestConnection>(db: TestDatabase
     assert_eq!((downstream.calls(), downstream.effects()), (2, 1));
 }
 
+/// How a body leaves its connection inside a transaction.
+#[derive(Clone, Copy, Debug)]
+enum LeftOpen {
+    /// A `conn.transaction(…)` cut short by a timeout.
+    Transaction,
+    /// A transactional handler cut short by a timeout.
+    Handler,
+}
+
+/// A transactional handler slower than the timeout its caller gives it.
+#[idempotent(consumer = "slow-record", key = order.id.as_str())]
+async fn slow_record<C>(conn: &mut C, order: &Order) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    conn.batch_execute("UPDATE inbox SET attempts = attempts WHERE 1 = 0")
+        .await
+}
+
+/// Makes its call, then leaves its connection inside a transaction, and returns `Ok`.
+#[idempotent(consumer = "left-open", key = order.id.as_str(), claim, lease = SHORT_LEASE)]
+async fn leave_a_transaction_open<C>(
+    conn: &mut C,
+    downstream: &Downstream,
+    order: &Order,
+    how: Option<LeftOpen>,
+) -> Result<u32, TestError>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let claim = Claim::current();
+    downstream
+        .charge(&claim.idempotency_key().to_string())
+        .await?;
+    let cut_short = Duration::from_millis(100);
+    match how {
+        Some(LeftOpen::Transaction) => {
+            let slow = conn.transaction(async |_conn| {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, Error>(())
+            });
+            let _ignored = tokio::time::timeout(cut_short, slow).await;
+        }
+        Some(LeftOpen::Handler) => {
+            let _ignored = tokio::time::timeout(cut_short, slow_record(conn, order)).await;
+        }
+        None => {}
+    }
+    Ok(claim.attempt())
+}
+
+/// A body that returns `Ok` with its connection still inside a transaction would
+/// complete its claim inside that transaction, which never commits: the delivery was
+/// acked as `Processed` while the claim stayed open for a takeover to call again. The
+/// handler refuses instead, with `ConnectionUnusable`, and the claim, held until its
+/// lease ends, is taken over by the redelivery.
+async fn body_left_in_a_transaction<C: TestConnection>(db: TestDatabase<C>) {
+    for how in [LeftOpen::Transaction, LeftOpen::Handler] {
+        let downstream = Downstream::start().await;
+        let order = Order::new(&format!("left-open-{how:?}"));
+        let mut conn = db.connect().await.expect("connect");
+        let left = leave_a_transaction_open(&mut conn, &downstream, &order, Some(how)).await;
+        let error = left.expect_err("never Processed");
+        assert_eq!(
+            ClaimError::of(error.database()),
+            Some(&ClaimError::TransactionLeftOpen { attempt: 1 }),
+            "{how:?}"
+        );
+        assert_eq!(classify(error.database()), ErrorClass::ConnectionUnusable);
+        assert_eq!(
+            Disposition::of(&Err::<Outcome<()>, _>(error)),
+            Disposition::Retry { after: None }
+        );
+        drop(conn);
+
+        // Seen from another connection, the claim is held, not completed, and the handler
+        // cut short committed nothing (on MySQL, restoring autocommit after the claim
+        // would have committed its marker); once the lease ends the redelivery takes the
+        // claim over and completes it.
+        let mut other = db.connect().await.expect("connect");
+        let half_done = "SELECT COUNT(*) FROM inbox WHERE consumer = 'slow-record'";
+        assert_eq!(select_i64(&mut other, half_done).await.unwrap(), 0);
+        let meanwhile = leave_a_transaction_open(&mut other, &downstream, &order, None).await;
+        assert!(
+            matches!(meanwhile, Ok(Outcome::InProgress { .. })),
+            "{how:?}: {meanwhile:?}"
+        );
+        tokio::time::sleep(SHORT_LEASE).await;
+        let taken = leave_a_transaction_open(&mut other, &downstream, &order, None).await;
+        assert_eq!(taken.unwrap(), Outcome::Processed(2), "{how:?}");
+        assert_eq!((downstream.calls(), downstream.effects()), (2, 1));
+        let again = leave_a_transaction_open(&mut other, &downstream, &order, None).await;
+        assert_eq!(again.unwrap(), Outcome::Duplicate);
+    }
+}
+
 async fn a_renewed_claim_outlives_its_first_lease<C: TestConnection>(db: TestDatabase<C>) {
     let downstream = Downstream::start().await;
     let order = Order::new("renewed");
@@ -1018,6 +1117,7 @@ on_every_backend!(
     a_lease_out_of_range_writes_nothing,
     fingerprints_in_transactional_mode,
     upgrade_in_place_while_handlers_run,
+    body_left_in_a_transaction,
 );
 
 /// A MySQL session with autocommit off, as a server's `autocommit = 0` or an

@@ -150,6 +150,8 @@ impl Claim {
         C: AsyncConnection,
         C::Backend: InboxBackend,
     {
+        // Renewed inside a transaction, the lease would move only if that commits.
+        self.outside_a_transaction(conn)?;
         let claim = NewClaim {
             key: ClaimKey {
                 message_id: self.message_id.clone(),
@@ -166,6 +168,22 @@ impl Claim {
                 attempt: self.attempt,
             }
             .into())
+        }
+    }
+
+    /// `Ok` when `conn` is in no transaction (or only in a test transaction, as the
+    /// claim found it), where a claim statement takes effect at once;
+    /// [`ClaimError::TransactionLeftOpen`] otherwise.
+    pub(crate) fn outside_a_transaction<C: AsyncConnection>(
+        &self,
+        conn: &mut C,
+    ) -> QueryResult<()> {
+        match crate::transaction::enclosing_transaction(conn) {
+            Ok(_) => Ok(()),
+            Err(_) => Err(ClaimError::TransactionLeftOpen {
+                attempt: self.attempt,
+            }
+            .into()),
         }
     }
 
@@ -212,6 +230,18 @@ pub enum ClaimError {
         /// The lease given.
         lease: Duration,
     },
+    /// The body returned with its connection still inside a transaction: one it began
+    /// and dropped unfinished, a `tokio::time::timeout` around `conn.transaction(…)` or
+    /// around a transactional handler it called. Nothing written there will commit, so
+    /// the claim was neither completed nor released on that connection, and the session
+    /// was left as it is. The claim stays held until its lease ends; the redelivery then
+    /// takes it over, as after a crash, and calls again with the same idempotency key.
+    /// [`ConnectionUnusable`](crate::ErrorClass::ConnectionUnusable): discard the
+    /// connection (pools do) and redeliver the message.
+    TransactionLeftOpen {
+        /// The attempt whose body left it open.
+        attempt: u32,
+    },
 }
 
 impl ClaimError {
@@ -226,6 +256,11 @@ impl ClaimError {
     /// Whether a later delivery can succeed: only [`ClaimError::Lost`].
     pub(crate) fn is_transient(&self) -> bool {
         matches!(self, Self::Lost { .. })
+    }
+
+    /// Whether the connection it happened on must be discarded.
+    pub(crate) fn leaves_connection_unusable(&self) -> bool {
+        matches!(self, Self::TransactionLeftOpen { .. })
     }
 }
 
@@ -255,6 +290,14 @@ impl fmt::Display for ClaimError {
                 f,
                 "the handler's claim lease is {lease:?}: a lease must be at least 1 ms, \
                  and at most a week, beyond which nothing would ever take a claim over"
+            ),
+            Self::TransactionLeftOpen { attempt } => write!(
+                f,
+                "attempt {attempt}'s body returned with its connection still inside a \
+                 transaction (a transaction, or a handler, it dropped unfinished): nothing \
+                 written there will commit, so the claim was not settled on it; discard \
+                 the connection, and the redelivery takes the claim over once its lease \
+                 has ended"
             ),
         }
     }
