@@ -93,7 +93,7 @@ pub use inbox_runtime::{RetryPolicy, retry};
 pub mod __private {
     pub use inbox_runtime::{
         ClaimPolicy, ConnectionParameter, FastPath, Fingerprint, Handler, HandlerError,
-        HandlerResult, fake_return, register_handler, run, run_claimed,
+        HandlerResult, fake_return, outside_any_claim, register_handler, run, run_claimed,
     };
     pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
 }

@@ -154,14 +154,14 @@ pub(crate) fn expand_run(
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
-            #krate::__private::run_batch(
+            #krate::__private::outside_any_claim(#krate::__private::run_batch(
                 #borrow,
                 &#registration,
                 #slice,
                 #message_ids,
                 #into_error,
                 #closure,
-            )
+            ))
             .await
         )
     };

@@ -137,7 +137,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             } else {
                 quote_spanned!(conn.span()=> #krate::__private::run)
             };
-            quote_spanned!(conn.span()=>
+            let call = quote_spanned!(conn.span()=>
                 #run(
                     #borrow,
                     &#registration,
@@ -147,8 +147,13 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
                     #into_error,
                     #closure,
                 )
-                .await
-            )
+            );
+            // A transactional body is no claim's, even inside a claim's body.
+            if claim_mode {
+                quote_spanned!(conn.span()=> #call.await)
+            } else {
+                quote_spanned!(conn.span()=> #krate::__private::outside_any_claim(#call).await)
+            }
         };
         quote! {
             let #message_id = #encode;

@@ -41,7 +41,7 @@ pub use backend::InboxBackend;
 pub use batch::{
     BatchOutcome, BatchParameter, InvalidBatchKey, batch_keys, batch_messages, run_batch,
 };
-pub use claims::{Claim, ClaimError, ClaimPolicy, run_claimed};
+pub use claims::{Claim, ClaimError, ClaimPolicy, outside_any_claim, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{Disposition, find_database_error};
 pub use fast_path::FastPath;

@@ -615,6 +615,145 @@ async fn body_left_in_a_transaction<C: TestConnection>(db: TestDatabase<C>) {
     }
 }
 
+/// The consumer of the claim a transactional handler's body sees.
+#[idempotent(consumer = "sees-claim", key = order.id.as_str())]
+async fn transactional_sees_claim<C>(
+    conn: &mut C,
+    order: &Order,
+) -> Result<Option<&'static str>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    conn.batch_execute("SELECT 1").await?;
+    Ok(Claim::try_current().map(|claim| claim.consumer()))
+}
+
+/// The same for a batch handler's body.
+#[idempotent(consumer = "sees-claim-batch", batch = orders, key = |order| order.id.as_str())]
+async fn batch_sees_claim<C>(conn: &mut C, orders: &[Order]) -> Result<Option<&'static str>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    assert_eq!(orders.len(), 1);
+    conn.batch_execute("SELECT 1").await?;
+    Ok(Claim::try_current().map(|claim| claim.consumer()))
+}
+
+/// A claim whose body calls a transactional and a batch handler on its connection, and
+/// reports what each body saw of `Claim::try_current()`, then what its own sees.
+#[idempotent(consumer = "outer-claim", key = order.id.as_str(), claim)]
+async fn claim_calling_handlers<C>(
+    conn: &mut C,
+    order: &Order,
+) -> Result<[Option<&'static str>; 3], TestError>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let transactional = transactional_sees_claim(conn, order).await?;
+    let batch = batch_sees_claim(conn, std::slice::from_ref(order)).await?;
+    let own = Claim::try_current().map(|claim| claim.consumer());
+    let transactional = match transactional {
+        Outcome::Processed(seen) => seen,
+        other => panic!("the transactional handler ran: {other:?}"),
+    };
+    let batch = batch.value().copied().flatten();
+    Ok([transactional, batch, own])
+}
+
+/// `Claim::try_current()` is the claim of the claim-mode body being run: a
+/// transactional or batch handler called from a claim's body sees none, where it saw
+/// the enclosing claim, with its consumer, key and attempt.
+async fn handlers_inside_a_claim_see_no_claim<C: TestConnection>(db: TestDatabase<C>) {
+    let mut conn = db.connect().await.expect("connect");
+    let order = Order::new("nested");
+    let seen = claim_calling_handlers(&mut conn, &order).await.unwrap();
+    assert_eq!(seen, Outcome::Processed([None, None, Some("outer-claim")]));
+    assert_eq!(Claim::try_current(), None);
+}
+
+/// Charges, waits as the script says, then, when `renew`, renews its claim and charges
+/// a second step under another key: the step a renew that does not fail would repeat.
+#[idempotent(consumer = "stale-holder", key = order.id.as_str(), claim, lease = SHORT_LEASE)]
+async fn stale_holder<C>(
+    conn: &mut C,
+    downstream: &Downstream,
+    order: &Order,
+    script: &Script,
+    renew: bool,
+) -> Result<u32, TestError>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let claim = Claim::current();
+    let key = claim.idempotency_key().to_string();
+    downstream.charge(&key).await?;
+    script.called.notify_one();
+    if script.hold_after_call {
+        script.proceed.notified().await;
+    }
+    if renew {
+        claim.renew(conn).await?;
+        downstream.charge(&format!("{key}-step-2")).await?;
+    }
+    Ok(claim.attempt())
+}
+
+/// A holder whose lease ended while its body ran comes back while the delivery that took
+/// the claim over still holds it, live: it must neither complete that claim (reported
+/// `Processed` under the taker's claim) nor renew it and go on to its next step. Both
+/// end in `ClaimError::Lost` for the stale holder, and the taker completes.
+async fn a_stale_holder_never_settles_the_takers_claim<C: TestConnection>(db: TestDatabase<C>) {
+    for renew in [false, true] {
+        let downstream = Downstream::start().await;
+        let order = Order::new(&format!("stale-holder-{renew}"));
+        let hold = |script: &Arc<Script>| {
+            let (db, downstream, order, script) = (
+                db.clone(),
+                downstream.clone(),
+                order.clone(),
+                Arc::clone(script),
+            );
+            tokio::spawn(async move {
+                let mut conn = db.connect().await.expect("connect");
+                stale_holder(&mut conn, &downstream, &order, &script, renew).await
+            })
+        };
+        let stale_script = Script::hold_after_call();
+        let stale = hold(&stale_script);
+        stale_script.called.notified().await;
+        tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
+        let taker_script = Script::hold_after_call();
+        let taker = hold(&taker_script);
+        taker_script.called.notified().await;
+
+        // The taker holds a live claim as attempt 2; the stale holder comes back now.
+        stale_script.proceed.notify_one();
+        let lost = stale.await.expect("the stale holder").expect_err("lost");
+        assert_eq!(
+            ClaimError::of(lost.database()),
+            Some(&ClaimError::Lost { attempt: 1 }),
+            "renew: {renew}"
+        );
+        let mut conn = db.connect().await.expect("connect");
+        let meanwhile = stale_holder(&mut conn, &downstream, &order, &Script::run(), false).await;
+        assert!(
+            matches!(meanwhile, Ok(Outcome::InProgress { .. })),
+            "renew: {renew}: the taker's claim is still its own: {meanwhile:?}"
+        );
+        assert_eq!(downstream.calls(), 2, "renew: {renew}: no second step");
+
+        taker_script.proceed.notify_one();
+        let taken = taker.await.expect("the taker").expect("completes");
+        assert_eq!(taken, Outcome::Processed(2), "renew: {renew}");
+        let after = stale_holder(&mut conn, &downstream, &order, &Script::run(), false).await;
+        assert!(matches!(after, Ok(Outcome::Duplicate)), "{after:?}");
+    }
+}
+
 async fn a_renewed_claim_outlives_its_first_lease<C: TestConnection>(db: TestDatabase<C>) {
     let downstream = Downstream::start().await;
     let order = Order::new("renewed");
@@ -1118,6 +1257,8 @@ on_every_backend!(
     fingerprints_in_transactional_mode,
     upgrade_in_place_while_handlers_run,
     body_left_in_a_transaction,
+    handlers_inside_a_claim_see_no_claim,
+    a_stale_holder_never_settles_the_takers_claim,
 );
 
 /// A MySQL session with autocommit off, as a server's `autocommit = 0` or an

@@ -89,6 +89,12 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     /// released it) and that is still at `seen_attempts`: of any number of deliveries
     /// that saw the same attempt, exactly one gets `Ok(true)`. The winner holds it as
     /// attempt `seen_attempts + 1`.
+    ///
+    /// Two conditions guard it, and each covers the other: the attempt count still
+    /// `seen_attempts` (a second taker finds it moved on) and the claim still nobody's
+    /// (a second taker finds a live lease). Either alone passes every test; keep both,
+    /// so that a mistake in one, say a clock skew in the lease, is not a double call.
+    /// Without both, `many_takers` fails.
     fn take_over<C>(
         conn: &mut C,
         claim: NewClaim,

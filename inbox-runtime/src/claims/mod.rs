@@ -73,7 +73,9 @@ pub struct Claim {
 }
 
 tokio::task_local! {
-    static CURRENT: Claim;
+    /// The claim of the claim-mode body being run; `None` inside a transactional or
+    /// batch handler's body, which is no claim's, even within a claim's body.
+    static CURRENT: Option<Claim>;
 }
 
 /// Derives [`Claim::idempotency_key`]: a fixed namespace, so that the same (consumer,
@@ -95,9 +97,11 @@ impl Claim {
         )
     }
 
-    /// The claim of the claim-mode body being run, or `None` outside one.
+    /// The claim of the claim-mode body being run, or `None` outside one. A
+    /// transactional or batch handler called from a claim's body runs outside it: its
+    /// body sees `None`, not the enclosing claim.
     pub fn try_current() -> Option<Self> {
-        CURRENT.try_with(Clone::clone).ok()
+        CURRENT.try_with(Clone::clone).ok().flatten()
     }
 
     /// The message's key, as stored in the inbox's `message_id` column.
@@ -188,8 +192,16 @@ impl Claim {
     }
 
     pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
-        CURRENT.scope(self, body).await
+        CURRENT.scope(Some(self), body).await
     }
+}
+
+/// Runs a transactional or batch handler outside any claim, so that one called from a
+/// claim's body does not take the claim for its own. The `#[idempotent]` expansion
+/// wraps such a handler's run in it.
+#[doc(hidden)]
+pub async fn outside_any_claim<F: Future>(body: F) -> F::Output {
+    CURRENT.scope(None, body).await
 }
 
 /// Why a claim-mode delivery did not run its body, or could not complete it. Carried
