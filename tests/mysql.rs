@@ -690,7 +690,7 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
                 .unwrap();
             assert_eq!(outcome.processed(), 2);
             assert_session(&mut conn, "a batch").await;
-            conn.batch_execute("DEALLOCATE PREPARE diesel_inbox_after_commit")
+            conn.batch_execute("DEALLOCATE PREPARE `diesel_inbox.after_commit`")
                 .await
                 .expect("prepared by the first commit");
             let processed = common::credit(&mut conn, &message("e")).await.unwrap();
@@ -707,6 +707,74 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
 #[idempotent(consumer = "claimed", key = credit.message_id.as_str(), claim)]
 async fn claimed(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Result<(), Error> {
     common::apply(conn, credit).await
+}
+
+/// The user variables and prepared statement names a session may hold already, the
+/// names this crate used before among them: each call leaves them as the session had
+/// them. A prepared `diesel_inbox_after_commit` ran in place of the crate's statement
+/// after every COMMIT, so autocommit stayed off where the session had it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessions_own_variables_and_statements_are_left_alone() {
+    let Some(db) = create("own_session_state").await else {
+        return;
+    };
+    const VARIABLES: [&str; 5] = [
+        "@diesel_inbox_marker_id",
+        "@diesel_inbox_database",
+        "@diesel_inbox_autocommit",
+        "@diesel_inbox_after_commit",
+        "@diesel_inbox_claim_autocommit",
+    ];
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        for autocommit in [1, 0] {
+            let mut conn = db.connect().await;
+            let set_variables = VARIABLES
+                .iter()
+                .enumerate()
+                .map(|(n, variable)| format!("{variable} = {}", 1000 + n))
+                .collect::<Vec<_>>()
+                .join(", ");
+            conn.batch_execute(&format!(
+                "SET autocommit = {autocommit}, {set_variables}; \
+                 PREPARE diesel_inbox_after_commit FROM 'SET @mine = @mine + 1'"
+            ))
+            .await
+            .expect("the session's own state");
+            let message = |n: &str| Credit {
+                message_id: format!("{autocommit}-{n}"),
+                account: 0,
+            };
+            let processed = common::credit(&mut conn, &message("a")).await.unwrap();
+            assert_eq!(processed, Outcome::Processed(()));
+            let duplicate = common::credit(&mut conn, &message("a")).await.unwrap();
+            assert_eq!(duplicate, Outcome::Duplicate);
+            credit_then_fail(&mut conn, &message("b"))
+                .await
+                .expect_err("the body fails");
+            let batch = [message("c"), message("d")];
+            let outcome = common::batch::batch_credit(&mut conn, &batch)
+                .await
+                .unwrap();
+            assert_eq!(outcome.processed(), 2);
+            let claimed = claimed(&mut conn, &message("e")).await.unwrap();
+            assert_eq!(claimed, Outcome::Processed(()));
+
+            let found = select_i64(&mut conn, "SELECT @@autocommit").await.unwrap();
+            assert_eq!(found, autocommit, "autocommit");
+            for (n, variable) in VARIABLES.iter().enumerate() {
+                let found = select_i64(&mut conn, &format!("SELECT {variable}")).await;
+                assert_eq!(found.unwrap(), 1000 + n as i64, "{variable}");
+            }
+            conn.batch_execute("SET @mine = 41; EXECUTE diesel_inbox_after_commit")
+                .await
+                .expect("the session's statement is still prepared");
+            let mine = select_i64(&mut conn, "SELECT @mine").await.unwrap();
+            assert_eq!(mine, 42, "and is still the session's own");
+        }
+    })
+    .await;
+    db.cleanup().await;
 }
 
 /// Every path works in each SQL mode a session can have. Under MariaDB's

@@ -338,8 +338,8 @@ impl BenchConnection for AsyncMysqlConnection {
     const BEGIN_SERIALIZABLE: &'static str =
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION";
     const ROLLBACK: &'static str = "ROLLBACK; \
-        SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-        @diesel_inbox_autocommit = NULL";
+        SET autocommit = COALESCE(@`diesel_inbox.autocommit`, @@autocommit), \
+        @`diesel_inbox.autocommit` = NULL";
 
     /// One batch, as the library sends it: START TRANSACTION and the savepoint the commit
     /// releases, a plain insert of hex literals (a duplicate-key error meaning a
@@ -353,9 +353,9 @@ impl BenchConnection for AsyncMysqlConnection {
         let batch = format!(
             "START TRANSACTION; SAVEPOINT diesel_inbox_marker; \
              INSERT INTO inbox (message_id, consumer) VALUES (X'{}', X'{}'); \
-             SET @diesel_inbox_marker_id = LAST_INSERT_ID(), \
-             @diesel_inbox_database = DATABASE(), \
-             @diesel_inbox_autocommit = @@autocommit, autocommit = 0",
+             SET @`diesel_inbox.marker_id` = LAST_INSERT_ID(), \
+             @`diesel_inbox.database` = DATABASE(), \
+             @`diesel_inbox.autocommit` = @@autocommit, autocommit = 0",
             hex_digits(&message_id),
             hex_digits(consumer),
         );
@@ -374,27 +374,27 @@ impl BenchConnection for AsyncMysqlConnection {
         _message_id: String,
         _consumer: &'static str,
     ) -> QueryResult<()> {
-        const AFTER_COMMIT: &str = "diesel_inbox_after_commit";
+        const AFTER_COMMIT: &str = "diesel_inbox.after_commit";
         match self
             .batch_execute(
-                "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; EXECUTE diesel_inbox_after_commit",
+                "RELEASE SAVEPOINT diesel_inbox_marker; COMMIT; EXECUTE `diesel_inbox.after_commit`",
             )
             .await
         {
             Err(error) if error.to_string().contains(AFTER_COMMIT) => {
                 self.batch_execute(
-                    "SET @diesel_inbox_after_commit = IF(/*M! (SELECT COUNT(*) \
+                    "SET @`diesel_inbox.after_commit` = IF(/*M! (SELECT COUNT(*) \
                      FROM information_schema.SYSTEM_VARIABLES WHERE VARIABLE_NAME = 'WSREP_ON' \
                      AND 'ON' IN (GLOBAL_VALUE, SESSION_VALUE)) > 0 OR NOT */ TRUE, \
-                     CONCAT('SET sql_mode = IF(@diesel_inbox_database <=> ', QUOTE(DATABASE()), \
-                     ', IF(EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id), \
-                     @@sql_mode, ''diesel_inbox_lost_marker''), ''diesel_inbox_after_commit''), \
-                     autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-                     @diesel_inbox_autocommit = NULL'), \
-                     'SET autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-                     @diesel_inbox_autocommit = NULL'); \
-                     PREPARE diesel_inbox_after_commit FROM @diesel_inbox_after_commit; \
-                     SET @diesel_inbox_after_commit = NULL; EXECUTE diesel_inbox_after_commit",
+                     CONCAT('SET sql_mode = IF(@`diesel_inbox.database` <=> ', QUOTE(DATABASE()), \
+                     ', IF(EXISTS (SELECT 1 FROM inbox WHERE id = @`diesel_inbox.marker_id`), \
+                     @@sql_mode, ''diesel_inbox_lost_marker''), ''diesel_inbox.after_commit''), \
+                     autocommit = COALESCE(@`diesel_inbox.autocommit`, @@autocommit), \
+                     @`diesel_inbox.autocommit` = NULL'), \
+                     'SET autocommit = COALESCE(@`diesel_inbox.autocommit`, @@autocommit), \
+                     @`diesel_inbox.autocommit` = NULL'); \
+                     PREPARE `diesel_inbox.after_commit` FROM @`diesel_inbox.after_commit`; \
+                     SET @`diesel_inbox.after_commit` = NULL; EXECUTE `diesel_inbox.after_commit`",
                 )
                 .await
             }

@@ -2,9 +2,10 @@
 //! `crate::claims`): leases are set and compared on the database's clock, whose
 //! arithmetic differs.
 //!
-//! Every statement runs on its own, outside a transaction, and so commits by itself: a
-//! claim must be visible to every other delivery before the body makes its external
-//! call, and must outlive a crash during it.
+//! Every statement runs on its own, outside a transaction, and commits by itself,
+//! whatever the session's settings: a claim must be visible to every other delivery
+//! before the body makes its external call, and must outlive a crash during it. None
+//! changes the session, so that nothing needs putting back however the delivery ends.
 
 use std::future::Future;
 
@@ -128,16 +129,6 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 
-    /// Puts the session back as [`insert_claim`](Self::insert_claim) found it, once the
-    /// delivery is settled.
-    fn end_claim_session<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        let _nothing_changed = conn;
-        std::future::ready(Ok(()))
-    }
-
     /// Every claim nobody holds, oldest first.
     fn list_stale<C>(conn: &mut C) -> impl Future<Output = QueryResult<Vec<StaleRow>>> + Send
     where
@@ -165,7 +156,8 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
 /// id, the consumer and, where given, the holder's token, in that order: `Ok(true)` when
 /// it matched the row. A macro rather than a generic function: diesel names neither the
 /// bound query's type nor the backend trait that such a function's bounds would need.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+/// (PostgreSQL binds the key as bytes instead, with a macro of its own.)
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! update_claim {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
         let query = ::diesel::sql_query($sql)
@@ -176,5 +168,5 @@ macro_rules! update_claim {
         Ok(updated == 1)
     }};
 }
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use update_claim;

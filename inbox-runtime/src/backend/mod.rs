@@ -155,7 +155,7 @@ pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(
 /// opened, and pools discard the connection. Counted after, a dropped call would leave a
 /// connection that looks idle inside a transaction holding an uncommitted marker, where
 /// on MySQL the next user's BEGIN would commit it without the body's effects.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn enter_transaction<C: diesel_async::AsyncConnection>(
     conn: &mut C,
 ) -> diesel::QueryResult<()> {

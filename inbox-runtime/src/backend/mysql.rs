@@ -10,6 +10,10 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
+#[cfg(feature = "mysql")]
+#[macro_use]
+mod session;
+
 /// Whether a unique violation names the inbox's index. The server's message is
 /// translated into the session's `lc_messages`, but every translation quotes the
 /// duplicate value first and the key's name last: MariaDB as `'ux_inbox_message_consumer'`,
@@ -145,28 +149,14 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
         "server has gone away",
         "Connection was killed",
         "Connection to the server is closed",
+        // mysql_async on a connection whose reply to a statement was cut off by a
+        // cancelled future: the next statement reads that reply as its own.
+        "Driver error: `Packet out of order.'",
+        "Driver error: `Unexpected packet.'",
+        "Driver error: `Statement takes ",
     ]
     .iter()
     .any(|pattern| message.contains(pattern))
-}
-
-/// The assignments that put autocommit back as the marker insert found it, which keeps
-/// the session's setting in `@diesel_inbox_autocommit`. Run only outside a transaction:
-/// turning autocommit on commits an open one.
-#[cfg(feature = "mysql")]
-macro_rules! autocommit_restored {
-    () => {
-        "autocommit = COALESCE(@diesel_inbox_autocommit, @@autocommit), \
-         @diesel_inbox_autocommit = NULL"
-    };
-}
-
-/// [`autocommit_restored!`] as a statement.
-#[cfg(feature = "mysql")]
-macro_rules! restore_autocommit {
-    () => {
-        concat!("SET ", autocommit_restored!())
-    };
 }
 
 #[cfg(feature = "mysql")]
@@ -204,30 +194,13 @@ mod imp {
     /// as the start of a PL/SQL block.
     const BEGIN_WITH_SAVEPOINT: &str = concat!("START TRANSACTION; SAVEPOINT ", savepoint!());
 
-    /// What a call's session holds while its body runs, once the markers are in: the
-    /// database they went into, for the check after the COMMIT (see
-    /// [`PREPARE_AND_RUN_AFTER_COMMIT`]), and autocommit off, its setting kept for the
-    /// restore. Assignments of a SET that also records the marker's id.
-    macro_rules! session_for_the_body {
-        () => {
-            "@diesel_inbox_database = DATABASE(), \
-             @diesel_inbox_autocommit = @@autocommit, autocommit = 0"
-        };
-    }
-
     /// Right after the marker insert, in its round trip: records the marker's id for the
-    /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`] (a
-    /// session variable outlives the transaction, and `LAST_INSERT_ID()` changes with
-    /// the body's own inserts) and the database it is in, and turns autocommit off until
-    /// the transaction is over.
-    ///
-    /// Autocommit off: should the transaction end underneath the body (a deadlock the
-    /// body swallows, a Galera abort whose error it never sees), the body's later
-    /// statements open a new transaction, which the commit then rolls back, instead of
-    /// committing one at a time. It goes off only once the marker is in, so a duplicate,
-    /// whose 1062 ends the batch at the insert, leaves the session as it was.
+    /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`], then
+    /// [`session_for_the_body!`].
     const AFTER_MARKER_INSERT: &str = concat!(
-        "SET @diesel_inbox_marker_id = LAST_INSERT_ID(), ",
+        "SET ",
+        marker_id!(),
+        " = LAST_INSERT_ID(), ",
         session_for_the_body!()
     );
 
@@ -352,8 +325,9 @@ mod imp {
             }
             let new = match insert_batch_markers(conn, consumer, message_ids).await {
                 Ok((new, Some(last_new))) => diesel::sql_query(concat!(
-                    "SET @diesel_inbox_marker_id = \
-                     (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
+                    "SET ",
+                    marker_id!(),
+                    " = (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
                     session_for_the_body!()
                 ))
                 .bind::<Text, _>(last_new)
@@ -499,16 +473,7 @@ mod imp {
     /// Whether this call's marker row, by the id its insert recorded, is visible.
     macro_rules! own_marker_exists {
         () => {
-            "EXISTS (SELECT 1 FROM inbox WHERE id = @diesel_inbox_marker_id)"
-        };
-    }
-
-    /// The statement that runs after every COMMIT, by this name: each connection prepares
-    /// it on its first commit ([`PREPARE_AND_RUN_AFTER_COMMIT`]), so that the COMMIT's
-    /// round trip carries one statement more whatever the server.
-    macro_rules! after_commit {
-        () => {
-            "diesel_inbox_after_commit"
+            concat!("EXISTS (SELECT 1 FROM inbox WHERE id = ", marker_id!(), ")")
         };
     }
 
@@ -542,9 +507,13 @@ mod imp {
     /// that has changed databases since, it fails quoting [`after_commit!`], as a
     /// statement not prepared yet does, and is prepared again.
     const PREPARE_AND_RUN_AFTER_COMMIT: &str = concat!(
-        "SET @diesel_inbox_after_commit = IF(",
+        "SET ",
+        after_commit_text!(),
+        " = IF(",
         replicates_through_wsrep!(),
-        ", CONCAT('SET sql_mode = IF(@diesel_inbox_database <=> ', QUOTE(DATABASE()), ', IF(",
+        ", CONCAT('SET sql_mode = IF(",
+        database!(),
+        " <=> ', QUOTE(DATABASE()), ', IF(",
         own_marker_exists!(),
         ", @@sql_mode, ''",
         lost_marker!(),
@@ -555,9 +524,13 @@ mod imp {
         "'), '",
         restore_autocommit!(),
         "'); PREPARE ",
-        after_commit!(),
-        " FROM @diesel_inbox_after_commit; SET @diesel_inbox_after_commit = NULL; EXECUTE ",
-        after_commit!()
+        after_commit_statement!(),
+        " FROM ",
+        after_commit_text!(),
+        "; SET ",
+        after_commit_text!(),
+        " = NULL; EXECUTE ",
+        after_commit_statement!()
     );
 
     impl SavepointBackend for Mysql {
@@ -569,7 +542,7 @@ mod imp {
                 "RELEASE SAVEPOINT ",
                 savepoint!(),
                 "; COMMIT; EXECUTE ",
-                after_commit!()
+                after_commit_statement!()
             );
             match conn.batch_execute(batch).await {
                 // Not prepared on this connection yet (its first commit, or the session was

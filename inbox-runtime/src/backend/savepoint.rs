@@ -44,6 +44,7 @@ macro_rules! lost_marker {
         "diesel_inbox_lost_marker"
     };
 }
+#[cfg(feature = "mysql")]
 pub(super) use lost_marker;
 
 /// A backend whose commit check is the savepoint.
@@ -151,8 +152,9 @@ where
 /// Whether the batch failed at one of our own statements: at `RELEASE SAVEPOINT`
 /// because the savepoint was gone, or at a check of the marker. The server quotes the
 /// savepoint's name, and the value a check sets, in every language it reports errors in.
-/// Only the name where it ends counts: `@diesel_inbox_marker_id`, in a statement an
-/// error quotes, is not the savepoint `diesel_inbox_marker`. (What comes before it may
+/// Only the name where it ends counts: a longer name that starts with it, such as
+/// `diesel_inbox_marker_id` in a statement an error quotes, is not the savepoint
+/// `diesel_inbox_marker`. (What comes before it may
 /// be a letter: the Chinese message runs the kind and the name together.)
 pub(super) fn quotes(error: &Error, ours: &str) -> bool {
     let Error::DatabaseError(_, info) = error else {

@@ -1,15 +1,14 @@
-//! Claim mode on MySQL and MariaDB: `NOW(6)` on the session's clock, and every statement
-//! in autocommit, a transaction of its own.
+//! Claim mode on MySQL and MariaDB: `NOW(6)` on the session's clock, and each statement
+//! followed by a `COMMIT` of its own, so that it commits whatever the session's
+//! autocommit setting, which claim mode never changes.
 
 #![cfg(feature = "mysql")]
-
-use std::future::Future;
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Integer, Text};
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager as _};
 
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
@@ -33,12 +32,7 @@ const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
 const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
 
 impl ClaimStatements for Mysql {
-    /// Turns autocommit on for the delivery, in the insert's round trip: a session
-    /// with autocommit off (a server's `autocommit = 0`, an `init_connect`) would hold
-    /// the claim, and later its completion, in a transaction that nobody commits.
-    /// [`end_claim_session`](ClaimStatements::end_claim_session) puts it back. The
-    /// setting is kept apart from a transactional handler's, which the claim's body may
-    /// call on the same connection.
+    /// The insert and its [`COMMIT`](commit_statement) in one round trip.
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
@@ -51,34 +45,30 @@ impl ClaimStatements for Mysql {
             None => "NULL".to_owned(),
         };
         let batch = format!(
-            "SET @diesel_inbox_claim_autocommit = \
-             COALESCE(@diesel_inbox_claim_autocommit, @@autocommit), autocommit = 1; \
-             INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
-             {fingerprint})",
+             {fingerprint}){commit}",
             hex_digits(&claim.key.message_id),
             hex_digits(&claim.key.consumer),
             claim.lease_micros,
             hex_digits(&claim.token),
+            commit = if outside_any_transaction(conn) {
+                "; COMMIT"
+            } else {
+                ""
+            },
         );
         // A plain INSERT, as for the transactional marker: a duplicate waits for a
         // concurrent insert of the key, then fails with 1062 on our own table, whose
-        // only other unique key is the auto-increment id.
+        // only other unique key is the auto-increment id. The batch stops there, before
+        // its COMMIT: with autocommit off, the transaction that the failed insert opened
+        // holds a lock on the row found until [`read_marker`](Self::read_marker),
+        // which always comes next, commits.
         match conn.batch_execute(&batch).await {
             Ok(()) => Ok(true),
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
             Err(other) => Err(other),
         }
-    }
-
-    fn end_claim_session<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        conn.batch_execute(
-            "SET autocommit = COALESCE(@diesel_inbox_claim_autocommit, @@autocommit), \
-             @diesel_inbox_claim_autocommit = NULL",
-        )
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
@@ -94,8 +84,9 @@ impl ClaimStatements for Mysql {
         )
         .bind::<Text, _>(key.message_id)
         .bind::<Text, _>(key.consumer)
-        .load::<ClaimRow>(conn)
+        .load::<ClaimRow>(&mut *conn)
         .await?;
+        commit_statement(conn).await?;
         Ok(rows.into_iter().next())
     }
 
@@ -116,8 +107,9 @@ impl ClaimStatements for Mysql {
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
         .bind::<Integer, _>(seen_attempts)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
+        commit_statement(conn).await?;
         Ok(taken == 1)
     }
 
@@ -126,7 +118,9 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
-        update_claim!(conn, &sql, key, token)
+        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key, token);
+        commit_statement(conn).await?;
+        updated
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
@@ -140,8 +134,9 @@ impl ClaimStatements for Mysql {
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
         .bind::<Text, _>(claim.token)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
+        commit_statement(conn).await?;
         Ok(renewed == 1)
     }
 
@@ -150,7 +145,9 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        update_claim!(conn, &sql, key, token)
+        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key, token);
+        commit_statement(conn).await?;
+        updated
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -172,7 +169,9 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
-        update_claim!(conn, &sql, key)
+        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key);
+        commit_statement(conn).await?;
+        updated
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
@@ -180,6 +179,36 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
-        update_claim!(conn, &sql, key)
+        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key);
+        commit_statement(conn).await?;
+        updated
+    }
+}
+
+/// Whether `conn` is in no transaction that diesel knows of, where a claim statement (or
+/// an operator's) commits on its own. Inside a test transaction, or an operator's call
+/// inside the caller's transaction, it is part of that transaction instead.
+fn outside_any_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(None)
+    )
+}
+
+/// Commits the statement before it where the session has autocommit off (a server's
+/// `autocommit = 0`, an `init_connect`, a body's `SET autocommit = 0`): there the
+/// statement opened a transaction that nobody would commit, and other deliveries would
+/// never see the claim, or its completion. With autocommit on there is no transaction,
+/// and the `COMMIT` does nothing. Turning autocommit on for the delivery instead would
+/// have to be undone on every way out of it, a cancellation included, and claims nested
+/// on one connection would undo each other's.
+async fn commit_statement<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    if outside_any_transaction(conn) {
+        conn.batch_execute("COMMIT").await
+    } else {
+        Ok(())
     }
 }

@@ -65,9 +65,6 @@ enum Settled<T, E> {
     InProgress(Option<Duration>),
     Handler(E),
     Database(Error),
-    /// The body left its connection inside a transaction: settled as `Database`, with
-    /// the session left as it is.
-    LeftInTransaction(Error),
 }
 
 impl<T, E> From<Error> for Settled<T, E> {
@@ -123,7 +120,7 @@ where
             (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
         }
         Settled::Handler(error) => (Err(error), "handler_error"),
-        Settled::Database(error) | Settled::LeftInTransaction(error) => {
+        Settled::Database(error) => {
             span.record("error.type", tracing::field::debug(classify(&error)));
             tracing::debug!(parent: &span, error = %error, "the claim was not completed");
             (Err(into_error(error)), "database_error")
@@ -169,17 +166,7 @@ where
     if let Err(error) = enclosing_transaction(conn) {
         return Settled::Database(error);
     }
-    let settled = acquire_and_run(conn, consumer, key, policy, fingerprint, body).await;
-    if let Settled::LeftInTransaction(error) = settled {
-        // Restoring the session (autocommit, on MySQL) would commit what was left open.
-        return Settled::Database(error);
-    }
-    if let Err(error) = C::Backend::end_claim_session(conn).await {
-        // The delivery is settled in the database; the connection's next use will fail
-        // the same way.
-        tracing::warn!(error = %error, "could not restore the session after the claim");
-    }
-    settled
+    acquire_and_run(conn, consumer, key, policy, fingerprint, body).await
 }
 
 /// Claims the key, runs the body if this delivery holds the claim, and completes or
@@ -207,8 +194,8 @@ where
     let attempt = claim.attempt;
     let settling = claim.clone();
     let ran = claim.scope(body(&mut *conn)).await;
-    // A completion or release sent into a transaction the body left open would never
-    // commit, and the MySQL session restore after it would commit that transaction.
+    // A completion or release sent into a transaction the body left open would commit
+    // only with that transaction.
     if let Err(left_open) = settling.outside_a_transaction(conn) {
         tracing::warn!(
             inbox.attempt = attempt,
@@ -216,7 +203,7 @@ where
             "the body left its connection inside a transaction: the claim stays held \
              until its lease ends"
         );
-        return Settled::LeftInTransaction(left_open);
+        return Settled::Database(left_open);
     }
     match ran {
         Ok(value) => match C::Backend::complete(conn, key, token).await {
