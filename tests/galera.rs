@@ -805,3 +805,181 @@ async fn select_text(conn: &mut AsyncMysqlConnection, variable: &str) -> String 
         .expect("SHOW STATUS");
     status.value
 }
+
+/// A claim-mode handler that may fail at most twice: its third delivery is refused.
+#[idempotent(consumer = "cluster-exhausting", key = credit.message_id.as_str(), claim,
+             max_attempts = 2)]
+async fn exhausting_claim(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    fail: bool,
+) -> Result<(), Error> {
+    if fail {
+        Err(Error::RollbackTransaction)
+    } else {
+        Ok(())
+    }
+}
+
+/// An operator releases an exhausted claim on node 1, right after unrelated writes that
+/// node 2 takes a while to apply, and the message is redelivered on node 2 at once. Read
+/// from node 2's lagging view, the claim was still exhausted: `AttemptsExhausted`,
+/// `Permanent`, and the message went back to the dead letters. A refusal is read from
+/// the cluster's latest commits now, and the redelivery runs the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operators_release_is_seen_on_every_node() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("release_by_hand").await else {
+        return;
+    };
+    bounded(async {
+        let mut node_1 = cluster.node(0).await.expect("node 1");
+        let mut node_2 = cluster.node(1).await.expect("node 2");
+        node_1
+            .batch_execute("CREATE TABLE traffic (id BIGINT AUTO_INCREMENT PRIMARY KEY, pad TEXT)")
+            .await
+            .expect("create traffic");
+        for run in 0..(messages() / 6).max(3) {
+            let credit = Credit::new(run);
+            for _ in 0..2 {
+                exhausting_claim(&mut node_1, &credit, true)
+                    .await
+                    .expect_err("the body fails");
+            }
+            let refused = exhausting_claim(&mut node_1, &credit, false)
+                .await
+                .expect_err("exhausted");
+            assert_eq!(
+                diesel_inbox::ClaimError::of(&refused),
+                Some(&diesel_inbox::ClaimError::AttemptsExhausted { attempts: 2 })
+            );
+
+            node_1
+                .batch_execute(
+                    "INSERT INTO traffic (pad) SELECT REPEAT('x', 100) FROM seq_1_to_20000",
+                )
+                .await
+                .expect("unrelated traffic");
+            let released = diesel_inbox::claims::release_by_hand(
+                &mut node_1,
+                "cluster-exhausting",
+                &credit.message_id,
+            )
+            .await;
+            assert!(released.expect("release by hand"), "run {run}");
+            let redelivered = exhausting_claim(&mut node_2, &credit, false).await;
+            assert!(
+                matches!(redelivered, Ok(Outcome::Processed(()))),
+                "run {run}: {redelivered:?}"
+            );
+        }
+    })
+    .await;
+    cluster.cleanup().await;
+}
+
+/// Each message's bodies: how many ran, and the most that ever ran at once.
+#[derive(Default)]
+struct Bodies(std::sync::Mutex<std::collections::HashMap<i64, (u32, u32, u32)>>);
+
+impl Bodies {
+    async fn run(&self, account: i64) {
+        {
+            let mut bodies = self.0.lock().unwrap();
+            let (running, total, most) = bodies.entry(account).or_default();
+            *running += 1;
+            *total += 1;
+            *most = (*most).max(*running);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.0.lock().unwrap().get_mut(&account).unwrap().0 -= 1;
+    }
+}
+
+#[idempotent(consumer = "cluster-stalled", key = credit.message_id.as_str(), claim,
+             lease = Duration::from_secs(2))]
+async fn stalled_claim(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+    bodies: &Bodies,
+) -> Result<(), Error> {
+    bodies.run(credit.account).await;
+    Ok(())
+}
+
+/// Starts node 2 again when dropped, even by a failing test, so that the tests after it
+/// find three nodes.
+struct Restart2;
+
+impl Drop for Restart2 {
+    fn drop(&mut self) {
+        galera(&["restart", "2"]);
+    }
+}
+
+/// Node 2 is killed, and claims made on node 1 at once take seconds to commit while the
+/// cluster waits out the dead node: longer than their 2-second lease. Copies of the same
+/// messages delivered on node 3 meanwhile find the leases ended and take the claims over.
+/// A body must never start on a claim whose lease is used up: both bodies then ran at
+/// once. Now the claim is renewed first, or given up when taken over, and no two bodies
+/// of a message ever overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_claim_commit_never_overlaps_bodies() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("stalled_claim").await else {
+        return;
+    };
+    bounded(async {
+        let bodies = Arc::new(Bodies::default());
+        let mut connections = Vec::new();
+        for node in [0, 2] {
+            for _ in 0..3 {
+                connections.push(cluster.node(node).await.expect("connect"));
+            }
+        }
+        let restart = Restart2;
+        galera(&["kill", "2"]);
+        let mut deliveries = Vec::new();
+        for (n, mut conn) in connections.into_iter().enumerate() {
+            let bodies = Arc::clone(&bodies);
+            deliveries.push(tokio::spawn(async move {
+                if n >= 3 {
+                    // The copies, on node 3, once node 1's claims have been waiting.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                stalled_claim(&mut conn, &Credit::new(n as i64 % 3), &bodies).await
+            }));
+        }
+        for delivery in deliveries {
+            let settled = delivery.await.expect("a delivery panicked");
+            if let Err(error) = &settled {
+                assert_ne!(classify(error), ErrorClass::Permanent, "{error}");
+            }
+        }
+
+        // Redeliveries complete every message.
+        let mut conn = cluster.node(0).await.expect("node 1");
+        for n in 0..3 {
+            let credit = Credit::new(n);
+            let mut completed = false;
+            for _ in 0..20 {
+                match stalled_claim(&mut conn, &credit, &bodies).await {
+                    Ok(Outcome::Processed(()) | Outcome::Duplicate) => {
+                        completed = true;
+                        break;
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
+            }
+            assert!(completed, "message {n} completed");
+        }
+        let bodies = bodies.0.lock().unwrap().clone();
+        eprintln!("stalled claims: bodies (running, run, most at once) per message: {bodies:?}");
+        for (account, (_, _, most)) in bodies {
+            assert_eq!(most, 1, "message {account}: bodies overlapped");
+        }
+        drop(restart);
+    })
+    .await;
+    cluster.cleanup().await;
+}

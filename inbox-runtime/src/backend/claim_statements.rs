@@ -86,6 +86,19 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 
+    /// [`read_marker`](Self::read_marker) from the database's latest commits, where a
+    /// read may lag behind them (a Galera node that has not yet applied another's
+    /// writes): for a refusal that no later write corrects.
+    fn read_latest_marker<C>(
+        conn: &mut C,
+        key: ClaimKey,
+    ) -> impl Future<Output = QueryResult<Option<ClaimRow>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        Self::read_marker(conn, key)
+    }
+
     /// Takes over a claim that nobody holds (its lease has ended, or a failed body
     /// released it) and that is still at `seen_attempts`: of any number of deliveries
     /// that saw the same attempt, exactly one gets `Ok(true)`. The winner holds it as

@@ -254,6 +254,15 @@ pub enum ClaimError {
         /// The attempt whose body left it open.
         attempt: u32,
     },
+    /// The claim's statement took so long to commit (a Galera node waiting out a dead
+    /// peer, a stalled synchronous replica) that little of its lease was left, and
+    /// renewing it took as long: the body did not run, since another delivery could
+    /// take the claim over while it ran. The claim stays held until its lease ends.
+    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message.
+    LeaseUsedUp {
+        /// The attempt that did not run its body.
+        attempt: u32,
+    },
 }
 
 impl ClaimError {
@@ -265,9 +274,10 @@ impl ClaimError {
         }
     }
 
-    /// Whether a later delivery can succeed: only [`ClaimError::Lost`].
+    /// Whether a later delivery can succeed: [`ClaimError::Lost`] and
+    /// [`ClaimError::LeaseUsedUp`].
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Lost { .. })
+        matches!(self, Self::Lost { .. } | Self::LeaseUsedUp { .. })
     }
 
     /// Whether the connection it happened on must be discarded.
@@ -310,6 +320,12 @@ impl fmt::Display for ClaimError {
                  written there will commit, so the claim was not settled on it; discard \
                  the connection, and the redelivery takes the claim over once its lease \
                  has ended"
+            ),
+            Self::LeaseUsedUp { attempt } => write!(
+                f,
+                "attempt {attempt}'s claim took so long to commit that too little of its \
+                 lease was left to run the body, and renewing it took as long: the body \
+                 did not run; the redelivery takes the claim over once its lease has ended"
             ),
         }
     }

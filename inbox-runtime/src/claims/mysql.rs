@@ -75,19 +75,23 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let rows = diesel::sql_query(
-            "SELECT lease_ends_at IS NULL AS completed, \
-             COALESCE(claim_token IS NOT NULL AND lease_ends_at > NOW(6), FALSE) AS live, \
-             lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
-             TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_ends_at) AS lease_remaining_micros, \
-             attempts, fingerprint FROM inbox WHERE message_id = ? AND consumer = ?",
-        )
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .load::<ClaimRow>(&mut *conn)
-        .await?;
-        commit_statement(conn).await?;
-        Ok(rows.into_iter().next())
+        read_claim_row(conn, key, READ_MARKER).await
+    }
+
+    /// On a Galera node, with `wsrep_sync_wait` for the statement: the node first applies
+    /// everything the cluster committed before it. MariaDB alone runs the `/*M! */`
+    /// comment; a build without wsrep, which lacks the variable, reads as it is.
+    async fn read_latest_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let synced = format!("/*M! SET STATEMENT wsrep_sync_wait = 1 FOR */ {READ_MARKER}");
+        match read_claim_row(conn, key.clone(), &synced).await {
+            Err(Error::DatabaseError(_, info)) if info.message().contains("wsrep_sync_wait") => {
+                read_claim_row(conn, key, READ_MARKER).await
+            }
+            read => read,
+        }
     }
 
     async fn take_over<C>(conn: &mut C, claim: NewClaim, seen_attempts: i32) -> QueryResult<bool>
@@ -183,6 +187,27 @@ impl ClaimStatements for Mysql {
         commit_statement(conn).await?;
         updated
     }
+}
+
+/// The claim as [`ClaimStatements::read_marker`] reads it.
+const READ_MARKER: &str = "SELECT lease_ends_at IS NULL AS completed, \
+     COALESCE(claim_token IS NOT NULL AND lease_ends_at > NOW(6), FALSE) AS live, \
+     lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
+     TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_ends_at) AS lease_remaining_micros, \
+     attempts, fingerprint FROM inbox WHERE message_id = ? AND consumer = ?";
+
+/// Runs `sql`, [`READ_MARKER`] or a form of it, then commits.
+async fn read_claim_row<C>(conn: &mut C, key: ClaimKey, sql: &str) -> QueryResult<Option<ClaimRow>>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let rows = diesel::sql_query(sql)
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .load::<ClaimRow>(&mut *conn)
+        .await?;
+    commit_statement(conn).await?;
+    Ok(rows.into_iter().next())
 }
 
 /// Whether `conn` is in no transaction that diesel knows of, where a claim statement (or

@@ -8,7 +8,7 @@ use tracing::Instrument as _;
 
 use super::{Claim, ClaimError, micros};
 use crate::backend::InboxBackend;
-use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim};
+use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
 use crate::backend::sealed::Sealed as _;
 use crate::classify::classify;
 use crate::fingerprint::{self, Fingerprint};
@@ -34,6 +34,10 @@ const LONGEST_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Takes after a takeover lost to another delivery, before giving up as in progress.
 const ACQUIRE_ROUNDS: usize = 4;
+
+/// Renewals of a claim whose statement took so long to commit that less than half its
+/// lease was left, before giving it up as `ClaimError::LeaseUsedUp`.
+const LEASE_RENEWALS: usize = 3;
 
 /// A claim-mode handler's `lease`, `max_attempts` and `takeover`.
 #[doc(hidden)]
@@ -184,11 +188,14 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    let claim = match acquire(conn, consumer, &key, policy, fingerprint).await {
-        Ok(Acquired::Held(claim)) => claim,
+    let (claim, sent) = match acquire(conn, consumer, &key, policy, fingerprint).await {
+        Ok(Acquired::Held(claim, sent)) => (claim, sent),
         Ok(Acquired::Settled(settled)) => return settled,
         Err(error) => return Settled::Database(error),
     };
+    if let Err(settled) = keep_lease_for_the_body(conn, &claim, sent).await {
+        return settled;
+    }
     tracing::Span::current().record("inbox.attempt", claim.attempt);
     let token = claim.token.to_string();
     let attempt = claim.attempt;
@@ -231,8 +238,9 @@ where
 
 /// What the claim step found.
 enum Acquired<T, E> {
-    /// This delivery holds the claim and runs the body.
-    Held(Claim),
+    /// This delivery holds the claim and runs the body; the statement that claimed it
+    /// was sent at the instant given, before its lease began.
+    Held(Claim, Instant),
     /// It does not: a duplicate, in progress elsewhere, or refused.
     Settled(Settled<T, E>),
 }
@@ -253,14 +261,15 @@ where
     let lease_micros = micros(policy.lease);
     for _ in 0..ACQUIRE_ROUNDS {
         let token = uuid::Uuid::new_v4();
-        let held = |attempt: i32| {
-            Acquired::Held(Claim {
+        let held = |attempt: i32, sent: Instant| {
+            let claim = Claim {
                 message_id: key.message_id.clone(),
                 consumer,
                 attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
                 token,
                 lease: policy.lease,
-            })
+            };
+            Acquired::Held(claim, sent)
         };
         let claim = NewClaim {
             key: key.clone(),
@@ -268,47 +277,125 @@ where
             lease_micros,
             fingerprint: fingerprint.clone().map(Fingerprint::into_string),
         };
+        let sent = Instant::now();
         if C::Backend::insert_claim(conn, claim.clone()).await? {
-            return Ok(held(1));
+            return Ok(held(1, sent));
         }
         // Gone since the insert found it: pruned, or settled by hand. Claim it anew.
-        let Some(found) = C::Backend::read_marker(conn, key.clone()).await? else {
+        let Some(mut found) = C::Backend::read_marker(conn, key.clone()).await? else {
             continue;
         };
         fingerprint::check(
             &key.message_id,
             consumer,
-            found.fingerprint,
+            found.fingerprint.take(),
             fingerprint.as_ref(),
         )?;
-        if found.completed {
-            return Ok(Acquired::Settled(Settled::Duplicate));
+        let mut judged = judge(&found, policy);
+        if let Judged::Refused(_) = judged {
+            // A refusal dead-letters the message, and no later write corrects it: it
+            // must not come from a node's lagging view of an operator's release.
+            let Some(latest) = C::Backend::read_latest_marker(conn, key.clone()).await? else {
+                continue;
+            };
+            found = latest;
+            judged = judge(&found, policy);
         }
-        if found.live {
-            let remaining = found
-                .lease_remaining_micros
-                .and_then(|micros| u64::try_from(micros).ok())
-                .map(Duration::from_micros);
-            return Ok(Acquired::Settled(Settled::InProgress(remaining)));
+        match judged {
+            Judged::Settled(settled) => return Ok(Acquired::Settled(settled)),
+            Judged::Refused(refusal) => return Err(refusal.into()),
+            Judged::Takeable => {}
         }
-        let attempts = u32::try_from(found.attempts).unwrap_or(0);
-        if policy.max_attempts.is_some_and(|max| attempts >= max) {
-            return Err(ClaimError::AttemptsExhausted { attempts }.into());
-        }
-        // A released claim failed cleanly and may run again; one whose lease ended may
-        // have made its external call.
-        if !found.released && !policy.takeover {
-            return Err(ClaimError::Quarantined { attempts }.into());
-        }
+        let sent = Instant::now();
         if C::Backend::take_over(conn, claim, found.attempts).await? {
             tracing::info!(
                 inbox.attempt = found.attempts + 1,
                 inbox.released = found.released,
                 "took over a claim nobody held"
             );
-            return Ok(held(found.attempts + 1));
+            return Ok(held(found.attempts + 1, sent));
         }
         // Another delivery took it over first: read it again.
     }
     Ok(Acquired::Settled(Settled::InProgress(None)))
+}
+
+/// What a claim another delivery made means for this one.
+enum Judged<T, E> {
+    /// Completed, or live: the body does not run here.
+    Settled(Settled<T, E>),
+    /// The body must not run again without a person.
+    Refused(ClaimError),
+    /// Nobody holds it: take it over.
+    Takeable,
+}
+
+fn judge<T, E>(found: &ClaimRow, policy: ClaimPolicy) -> Judged<T, E> {
+    if found.completed {
+        return Judged::Settled(Settled::Duplicate);
+    }
+    if found.live {
+        let remaining = found
+            .lease_remaining_micros
+            .and_then(|micros| u64::try_from(micros).ok())
+            .map(Duration::from_micros);
+        return Judged::Settled(Settled::InProgress(remaining));
+    }
+    let attempts = u32::try_from(found.attempts).unwrap_or(0);
+    if policy.max_attempts.is_some_and(|max| attempts >= max) {
+        return Judged::Refused(ClaimError::AttemptsExhausted { attempts });
+    }
+    // A released claim failed cleanly and may run again; one whose lease ended may have
+    // made its external call.
+    if !found.released && !policy.takeover {
+        return Judged::Refused(ClaimError::Quarantined { attempts });
+    }
+    Judged::Takeable
+}
+
+/// Makes sure the body starts with at least half its lease left. The lease began when
+/// the claiming statement ran, no earlier than it was `sent`, so what is left is at
+/// least the lease less the time since; a commit that stalled (a Galera node waiting
+/// out a dead peer) can use it up, and another delivery could then take the claim over
+/// while the body runs. Such a claim is renewed, until a renewal itself commits in
+/// time; one taken over meanwhile is in progress elsewhere.
+async fn keep_lease_for_the_body<C, T, E>(
+    conn: &mut C,
+    claim: &Claim,
+    mut sent: Instant,
+) -> Result<(), Settled<T, E>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    for _ in 0..LEASE_RENEWALS {
+        let used = sent.elapsed();
+        if used < claim.lease / 2 {
+            return Ok(());
+        }
+        tracing::warn!(
+            inbox.attempt = claim.attempt,
+            used_ms = used.as_secs_f64() * 1e3,
+            "the claim took most of its lease to commit: renewing it before the body runs"
+        );
+        sent = Instant::now();
+        match claim.renew(conn).await {
+            Ok(()) => {}
+            Err(error) => {
+                return Err(match ClaimError::of(&error) {
+                    Some(ClaimError::Lost { .. }) => Settled::InProgress(None),
+                    _ => Settled::Database(error),
+                });
+            }
+        }
+    }
+    if sent.elapsed() < claim.lease / 2 {
+        return Ok(());
+    }
+    Err(Settled::Database(
+        ClaimError::LeaseUsedUp {
+            attempt: claim.attempt,
+        }
+        .into(),
+    ))
 }
