@@ -109,6 +109,18 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
+    transactional_calling_handlers_body(conn, message).await
+}
+
+/// Calls a handler of each kind under the message's inner key, and returns their errors.
+async fn transactional_calling_handlers_body<C>(
+    conn: &mut C,
+    message: &Message,
+) -> Result<[Option<Error>; 3], Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
     let inner = Message {
         id: format!("{}-inner", message.id),
     };
@@ -119,25 +131,45 @@ where
     ])
 }
 
-/// No handler runs inside a transactional handler's body on that body's connection: it
-/// would open its transaction inside the caller's. Each refuses, having written nothing.
+/// The same from a batch handler's body.
+#[idempotent(consumer = "compose-batch-calls-inside", batch = messages,
+             key = |message| message.id.as_str())]
+async fn batch_calling_handlers<C>(
+    conn: &mut C,
+    messages: &[Message],
+) -> Result<[Option<Error>; 3], Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    transactional_calling_handlers_body(conn, messages[0]).await
+}
+
+/// No handler runs inside a transactional or batch handler's body on that body's
+/// connection: it would open its transaction inside the caller's. Each refuses, having
+/// written nothing.
 async fn handlers_inside_a_transactional_body_refuse<C: TestConnection>(db: TestDatabase<C>) {
     let mut conn = db.connect().await.expect("connect");
     create_steps(&mut conn).await;
     let message = Message {
         id: "calls-inside".to_owned(),
     };
-    let refusals = transactional_calling_handlers(&mut conn, &message)
+    let from_transactional = transactional_calling_handlers(&mut conn, &message)
         .await
-        .expect("the outer handler");
-    let Outcome::Processed(refusals) = refusals else {
-        panic!("the outer handler ran: {refusals:?}");
-    };
-    for refusal in refusals {
-        assert!(
-            matches!(refusal, Some(Error::AlreadyInTransaction)),
-            "{refusal:?}"
-        );
+        .expect("the transactional handler")
+        .processed();
+    let from_batch = batch_calling_handlers(&mut conn, std::slice::from_ref(&message))
+        .await
+        .expect("the batch handler")
+        .into_value();
+    for refusals in [from_transactional, from_batch] {
+        let refusals = refusals.expect("the outer body ran");
+        for refusal in refusals {
+            assert!(
+                matches!(refusal, Some(Error::AlreadyInTransaction)),
+                "{refusal:?}"
+            );
+        }
     }
     let inner = "SELECT COUNT(*) FROM inbox WHERE message_id = 'calls-inside-inner'";
     assert_eq!(select_i64(&mut conn, inner).await.unwrap(), 0);
@@ -170,22 +202,23 @@ async fn cancel_at<F: Future>(pendings: usize, future: F) -> Option<F::Output> {
 }
 
 /// How many rows of `kind` (a `LIKE` pattern) the message has, and how many markers of
-/// `consumer`, completed ones only where `completed`, read on `conn`.
+/// `consumer`, completed ones only, read on `conn` in one statement: a COMMIT that a
+/// cancelled call left in flight must not land between the two counts.
 async fn count<C: TestConnection>(
     conn: &mut C,
     id: &str,
     kind: &str,
     consumer: &str,
 ) -> (i64, i64) {
-    let rows =
-        format!("SELECT COUNT(*) FROM steps WHERE message_id = '{id}' AND kind LIKE '{kind}'");
-    let markers = format!(
-        "SELECT COUNT(*) FROM inbox WHERE message_id = '{id}' AND consumer = '{consumer}' \
-         AND lease_ends_at IS NULL"
+    let both = format!(
+        "SELECT (SELECT COUNT(*) FROM steps WHERE message_id = '{id}' AND kind LIKE '{kind}') \
+         * 1000 + (SELECT COUNT(*) FROM inbox WHERE message_id = '{id}' \
+         AND consumer = '{consumer}' AND lease_ends_at IS NULL)"
     );
-    let rows = select_i64(conn, &rows).await.expect("count rows");
-    let markers = select_i64(conn, &markers).await.expect("count markers");
-    (rows, markers)
+    let both = select_i64(conn, &both)
+        .await
+        .expect("count rows and markers");
+    (both / 1000, both % 1000)
 }
 
 /// Seen from another connection, each transactional message is whole: both rows with
