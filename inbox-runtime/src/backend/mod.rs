@@ -418,6 +418,7 @@ pub(crate) mod sealed {
     }
 
     /// How many tables named `inbox` a session sees: what [`inbox_is_visible!`] reads.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     #[derive(Debug, diesel::QueryableByName)]
     pub(crate) struct Tables {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
