@@ -8,7 +8,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, Context, Message, stream};
 use diesel_inbox::nats::{
-    MessageKey, REASON_HEADER, SEQUENCE_HEADER, Settled, Settlement, message_key,
+    CONSUMER_HEADER, MessageKey, ORIGINAL_ID_HEADER, REASON_HEADER, SEQUENCE_HEADER, STREAM_HEADER,
+    Settled, Settlement, message_key,
 };
 use diesel_inbox::{Disposition, InboxKey};
 use futures_util::StreamExt;
@@ -282,4 +283,103 @@ async fn a_dead_letter_without_a_stream_to_hold_it_is_not_terminated() {
     let again = next(&broker.consumer, SOON).await.expect("kept");
     broker.settle(&again, &Disposition::Ack).await;
     broker.cleanup().await;
+}
+
+/// A producer's `Nats-Msg-Id` is unique only within its stream, and every consumer of a
+/// stream sees each message. Two streams holding a message with the same producer id,
+/// one of them read by two consumers, each dead-letter it into one dead-letter stream
+/// with the default duplicate window: all three copies are stored, each under the
+/// producer's id in `Inbox-Original-Msg-Id`. The copies reused that id, so the stream
+/// kept the first and acknowledged the others as duplicates, which were taken as
+/// stored: their originals were terminated, and two dead letters were lost.
+#[tokio::test]
+async fn every_dead_letter_arrives_whatever_its_producer_id() {
+    let Some(url) = server_url("NATS_URL") else {
+        return;
+    };
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let jetstream = jetstream::new(client);
+    let name = format!("inbox_test_shared_dead_{}", std::process::id());
+    let streams = [
+        format!("{name}_a"),
+        format!("{name}_b"),
+        format!("{name}_dead"),
+    ];
+    for stream in &streams {
+        let _ = jetstream.delete_stream(stream).await;
+        jetstream
+            .create_stream(stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{stream}.in")],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+    }
+    let consumer = async |stream: &str, durable: &str| {
+        jetstream
+            .get_stream(stream)
+            .await
+            .expect("stream")
+            .create_consumer(pull::Config {
+                durable_name: Some(durable.to_owned()),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .expect("consumer")
+    };
+    let consumers = [
+        consumer(&streams[0], "first").await,
+        consumer(&streams[0], "second").await,
+        consumer(&streams[1], "first").await,
+    ];
+    for stream in &streams[..2] {
+        let mut headers = HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, "order-42");
+        jetstream
+            .publish_with_headers(format!("{stream}.in"), headers, "order 42".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("publish acknowledged");
+    }
+    let settlement = Settlement::new(format!("{}.in", streams[2]));
+    let refused = Disposition::DeadLetter {
+        reason: "refused".to_owned(),
+    };
+    for consumer in &consumers {
+        let delivery = next(consumer, SOON).await.expect("delivery");
+        let settled = settlement
+            .settle(&delivery, &refused)
+            .await
+            .expect("settle");
+        assert!(matches!(settled, Settled::DeadLettered { .. }));
+    }
+
+    let dead_letters = consumer(&streams[2], "dead").await;
+    let mut copies = Vec::new();
+    while let Some(dead) = next(&dead_letters, NOT_YET * 3).await {
+        let headers = dead.headers.clone().expect("headers");
+        let header = |name: &str| headers.get(name).map(|value| value.as_str().to_owned());
+        assert_eq!(header(ORIGINAL_ID_HEADER).as_deref(), Some("order-42"));
+        copies.push((header(STREAM_HEADER), header(CONSUMER_HEADER)));
+        dead.ack().await.expect("ack");
+    }
+    copies.sort();
+    let copy = |stream: &str, consumer: &str| (Some(stream.to_owned()), Some(consumer.to_owned()));
+    assert_eq!(
+        copies,
+        [
+            copy(&streams[0], "first"),
+            copy(&streams[0], "second"),
+            copy(&streams[1], "first"),
+        ]
+    );
+    for stream in &streams {
+        jetstream
+            .delete_stream(stream)
+            .await
+            .expect("delete stream");
+    }
 }

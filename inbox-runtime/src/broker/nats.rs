@@ -15,13 +15,19 @@
 //!
 //! The dead-letter copy is confirmed before the message is terminated: a crash in between
 //! publishes it twice (with the same `Nats-Msg-Id`, which a dead-letter stream with a
-//! duplicate window drops) and never loses it.
+//! duplicate window drops) and never loses it. The copy's `Nats-Msg-Id` names the stored
+//! message and the consumer that gave up on it (`<stream>#<sequence>#<consumer>`), never
+//! the producer's id, which is unique only within its own stream: two streams, or two
+//! consumers of one, dead-lettering messages with the same producer id into one
+//! dead-letter stream would otherwise see the second copy dropped as a duplicate, after
+//! terminating its original. The producer's id stays on the copy, in
+//! [`ORIGINAL_ID_HEADER`].
 
 use std::fmt;
 use std::time::Duration;
 
 use ::async_nats::HeaderMap;
-use ::async_nats::header::NATS_MESSAGE_ID;
+use ::async_nats::header::{HeaderName, IntoHeaderName as _, NATS_MESSAGE_ID};
 use ::async_nats::jetstream::{AckKind, Message};
 
 use super::MissingKey;
@@ -34,6 +40,10 @@ pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";
 pub const STREAM_HEADER: &str = "Inbox-Stream";
 /// The header that carries a dead letter's sequence number in that stream.
 pub const SEQUENCE_HEADER: &str = "Inbox-Stream-Sequence";
+/// The header that carries the consumer that dead-lettered the message.
+pub const CONSUMER_HEADER: &str = "Inbox-Consumer";
+/// The header that carries a dead letter's `Nats-Msg-Id` as its producer set it.
+pub const ORIGINAL_ID_HEADER: &str = "Inbox-Original-Msg-Id";
 
 /// The inbox key of a JetStream message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,18 +80,26 @@ impl fmt::Display for MessageKey<'_> {
     }
 }
 
-/// The inbox key of `message`: its `Nats-Msg-Id` header, else its stream sequence.
+/// The inbox key of `message`: its `Nats-Msg-Id` header, else its stream sequence. A
+/// dead-letter copy that [`Settlement::settle`] published has its original's key (from
+/// [`ORIGINAL_ID_HEADER`], else [`STREAM_HEADER`] and [`SEQUENCE_HEADER`]), so that a
+/// consumer of the dead letters that sends them back keys them as the originals.
 ///
 /// A message with neither (not delivered by a JetStream consumer) is [`MissingKey`]:
 /// dead-letter it.
 pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
-    let msg_id = message
-        .headers
-        .as_ref()
-        .and_then(|headers| headers.get(NATS_MESSAGE_ID))
-        .map(|id| id.as_str())
-        .filter(|id| !id.is_empty());
-    if let Some(id) = msg_id {
+    let header = |name| header(message, name);
+    if let Some(id) = header(ORIGINAL_ID_HEADER.into_header_name()) {
+        return Ok(MessageKey::MsgId(id));
+    }
+    let copied =
+        header(STREAM_HEADER.into_header_name()).zip(header(SEQUENCE_HEADER.into_header_name()));
+    if let Some((stream, Ok(sequence))) =
+        copied.map(|(stream, sequence)| (stream, sequence.parse()))
+    {
+        return Ok(MessageKey::StreamSequence { stream, sequence });
+    }
+    if let Some(id) = header(NATS_MESSAGE_ID) {
         return Ok(MessageKey::MsgId(id));
     }
     match message.info() {
@@ -93,6 +111,16 @@ pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
             "Nats-Msg-Id header, nor the stream sequence of a JetStream delivery",
         )),
     }
+}
+
+/// The value of `message`'s header `name`, unless it is missing or empty.
+fn header(message: &Message, name: HeaderName) -> Option<&str> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(name))
+        .map(|value| value.as_str())
+        .filter(|value| !value.is_empty())
 }
 
 /// What [`Settlement::settle`] did with a message.
@@ -199,13 +227,17 @@ impl Settlement {
             .collect();
         headers.insert(REASON_HEADER, reason.as_str());
         if let Ok(info) = message.info() {
-            let (stream, sequence) = (info.stream.to_owned(), info.stream_sequence);
-            headers.insert(STREAM_HEADER, stream.as_str());
+            let (stream, sequence) = (info.stream, info.stream_sequence);
+            headers.insert(STREAM_HEADER, stream);
             headers.insert(SEQUENCE_HEADER, sequence.to_string().as_str());
-            if headers.get(NATS_MESSAGE_ID).is_none() {
-                // Lets the dead-letter stream drop the copy a crash before `+TERM` repeats.
-                headers.insert(NATS_MESSAGE_ID, format!("{stream}#{sequence}").as_str());
+            headers.insert(CONSUMER_HEADER, info.consumer);
+            if let Some(original) = headers.get(NATS_MESSAGE_ID).cloned() {
+                headers.insert(ORIGINAL_ID_HEADER, original);
             }
+            // One id per stored message and consumer: the dead-letter stream drops only
+            // the copy that a crash before `+TERM` makes this consumer publish again.
+            let copy = format!("{stream}#{sequence}#{}", info.consumer);
+            headers.insert(NATS_MESSAGE_ID, copy.as_str());
         }
         publish_confirmed(message, &self.dead_letter_subject, headers).await?;
         message.ack_with(AckKind::Term).await
