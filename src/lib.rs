@@ -60,6 +60,8 @@
 //! diesel-async backend. `testing` adds [`testing`], a database of each test's own with
 //! the inbox migrated.
 
+// docs.rs marks each item with the cargo features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 

@@ -4,6 +4,8 @@
 //!
 //! Depend on `diesel-inbox`, which re-exports everything here that users need.
 
+// docs.rs marks each item with the cargo features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
