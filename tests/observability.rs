@@ -291,6 +291,49 @@ async fn a_batch_is_one_span_with_its_size_and_counts() {
     );
 }
 
+/// The targets of every span and event, as a `RUST_LOG` filter reads them.
+#[derive(Clone, Default)]
+struct Targets(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Targets {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        let target = attrs.metadata().target().to_owned();
+        self.0.lock().unwrap().push(target);
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let target = event.metadata().target().to_owned();
+        self.0.lock().unwrap().push(target);
+    }
+}
+
+/// Spans and events are under the crate users depend on, `diesel_inbox`, so that
+/// `RUST_LOG=diesel_inbox=debug` shows them; they were under the internal runtime
+/// crate's module paths.
+#[tokio::test]
+async fn everything_is_reported_under_the_crates_name() {
+    let (db, mut conn) = database("tracing_target").await;
+    let targets = Targets::default();
+    let subscriber = tracing_subscriber::registry().with(targets.clone());
+    let guard = tracing::subscriber::set_default(subscriber);
+    let message = Credit { id: "t-1".into() };
+    for _ in 0..2 {
+        let _outcome = traced_credit(&mut conn, &message).await.unwrap();
+    }
+    let _settled = traced_batch(&mut conn, &credits(&["t-1", "t-2"]))
+        .await
+        .unwrap();
+    drop(guard);
+    db.cleanup().await.unwrap();
+
+    let targets = targets.0.lock().unwrap();
+    assert!(targets.len() >= 4, "spans and events: {targets:?}");
+    assert!(
+        targets.iter().all(|target| target == "diesel_inbox"),
+        "{targets:?}"
+    );
+}
+
 /// With the `metrics` feature, each delivery counts once under its consumer and outcome,
 /// and its duration is recorded; the key is never a label.
 #[cfg(feature = "metrics")]

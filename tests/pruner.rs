@@ -82,6 +82,23 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
     db.cleanup().await.unwrap();
 }
 
+/// A run waiting for a connection (a pool whose connections the handlers hold) does not
+/// hold up shutting down: it hung until a connection came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_does_not_wait_for_a_connection() {
+    let never_connects = || -> BoxedConnecting { Box::pin(std::future::pending()) };
+    let pruner = Pruner::spawn(
+        never_connects,
+        Duration::from_millis(10),
+        Duration::from_secs(60),
+    );
+    // Past the first run's start, into its wait for a connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::timeout(Duration::from_secs(5), pruner.shut_down())
+        .await
+        .expect("shuts down while waiting for a connection");
+}
+
 /// A paced run rests between its batches, and shutting down ends it there rather than
 /// after every batch: with a rest of hours, only the first batch is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

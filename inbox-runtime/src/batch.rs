@@ -274,7 +274,11 @@ where
             (Ok(batch), "processed")
         }
         Err(Stop::Duplicate) => {
-            tracing::debug!(parent: &span, "every message already processed: the body did not run");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                "every message already processed: the body did not run"
+            );
             (
                 Ok(BatchOutcome::all_duplicates(messages.len())),
                 "duplicate",
@@ -284,7 +288,12 @@ where
         Err(Stop::Database(error)) => {
             let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(parent: &span, error = %error, "nothing was committed");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                error = %error,
+                "nothing was committed"
+            );
             (Err(into_error(error)), "database_error")
         }
     };

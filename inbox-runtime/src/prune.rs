@@ -15,6 +15,12 @@ use crate::backend::sealed::{MarkerAge, PruneBounds, Sealed as _};
 /// batch's locks and its transaction stay short beside the handlers.
 const BATCH: i64 = 1_000;
 
+/// Windows longer than this find nothing: no marker is five centuries old. Each
+/// backend's date arithmetic fails somewhat further back (MariaDB's `DATETIME` begins
+/// in the year 1000, PostgreSQL's and SQLite's a few thousand years BC), where a window
+/// would be an error instead of "nothing is that old".
+const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 * 3600);
+
 /// Deletes the markers processed more than `older_than` ago, as the database's clock
 /// tells time, and returns how many it deleted. A claim that was never completed is
 /// never deleted, however old: it is listed by
@@ -66,10 +72,10 @@ where
     {
         return Err(Error::AlreadyInTransaction);
     }
-    // No clock reaches back this far: nothing is that old.
-    let Ok(window) = i64::try_from(older_than.as_micros()) else {
+    if older_than > LONGEST_WINDOW {
         return Ok(0);
-    };
+    }
+    let window = i64::try_from(older_than.as_micros()).expect("five centuries fit in i64 µs");
     let Some(PruneBounds {
         start: Some(mut from),
         end: Some(end),
@@ -88,8 +94,8 @@ where
         let batch = C::Backend::prune_batch(conn, window, from, to).await?;
         deleted += batch as u64;
         tracing::debug!(
-            inbox.pruned = batch,
-            inbox.pruned_total = deleted,
+            target: "diesel_inbox",
+            { inbox.pruned = batch, inbox.pruned_total = deleted },
             "pruned a batch of markers"
         );
         from = to;

@@ -71,7 +71,8 @@ where
 /// for each run, such as `|| pool.get()`.
 ///
 /// Each run logs what it deleted at `INFO`, or why it failed at `WARN` (and the next run
-/// tries again). [`Pruner::shut_down`] stops it between runs, or between a run's batches:
+/// tries again). [`Pruner::shut_down`] stops it between runs, while a run waits for its
+/// connection (a pool whose connections the handlers hold), or between a run's batches:
 /// no batch is cut off mid-statement.
 ///
 /// ```no_run
@@ -137,9 +138,14 @@ impl Pruner {
                     () = tokio::time::sleep(jittered(every)) => {}
                 }
                 let started = std::time::Instant::now();
-                let connection = connect()
-                    .await
-                    .map_err(|error| format!("no connection: {error}"));
+                // A pool may hold every connection for the handlers: shutting down must
+                // not wait for one.
+                let connection = tokio::select! {
+                    () = shutting_down(stopped.clone()) => return,
+                    connection = connect() => {
+                        connection.map_err(|error| format!("no connection: {error}"))
+                    }
+                };
                 let deleted = match connection {
                     Ok(mut conn) => prune_in_batches(&mut conn, older_than, |batch| {
                         let stopped = stopped.clone();
@@ -157,19 +163,31 @@ impl Pruner {
                     Err(error) => Err(error),
                 };
                 match deleted {
-                    Ok(deleted) => tracing::info!(
-                        inbox.pruned = deleted,
-                        inbox.duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                        "pruned markers older than the retention window"
-                    ),
-                    Err(error) => tracing::warn!(error, "pruning failed; the next run tries again"),
+                    Ok(deleted) => {
+                        tracing::info!(
+                            target: "diesel_inbox",
+                            {
+                                inbox.pruned = deleted,
+                                inbox.duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                            },
+                            "pruned markers older than the retention window"
+                        )
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            target: "diesel_inbox",
+                            error,
+                            "pruning failed; the next run tries again"
+                        )
+                    }
                 }
             }
         });
         Self { stop, task }
     }
 
-    /// Stops pruning: waits for a batch under way to finish, then ends the task.
+    /// Stops pruning: waits for a batch under way to finish, then ends the task. A run
+    /// still waiting for its connection gives up at once.
     pub async fn shut_down(self) {
         // The task may have ended already, if its runtime is shutting down.
         let _ = self.stop.send(true);
@@ -183,9 +201,11 @@ async fn shutting_down(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|&stop| stop).await;
 }
 
-/// `every`, moved by up to a tenth either way.
+/// `every`, moved by up to a tenth either way; `every` itself where that would not fit in
+/// a `Duration` (a pruner that never runs, at `Duration::MAX`).
 fn jittered(every: Duration) -> Duration {
-    every.mul_f64(0.9 + 0.2 * fastrand::f64())
+    Duration::try_from_secs_f64(every.as_secs_f64() * (0.9 + 0.2 * fastrand::f64()))
+        .unwrap_or(every)
 }
 
 #[cfg(test)]
@@ -198,6 +218,13 @@ mod tests {
         assert_eq!(Pace::FLAT_OUT.after(batch), Duration::ZERO);
         assert_eq!(Pace::default().after(batch), Duration::from_millis(120));
         assert_eq!(Pace::resting(u32::MAX).after(Duration::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn jitter_never_overflows() {
+        for _ in 0..1_000 {
+            assert!(jittered(Duration::MAX) >= Duration::MAX.mul_f64(0.9));
+        }
     }
 
     #[test]

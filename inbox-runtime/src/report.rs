@@ -16,6 +16,7 @@ pub(crate) fn delivery_span(
     read_first: bool,
 ) -> tracing::Span {
     tracing::info_span!(
+        target: "diesel_inbox",
         "inbox.process",
         messaging.operation.type = "process",
         messaging.consumer.group.name = handler.consumer,
@@ -26,7 +27,7 @@ pub(crate) fn delivery_span(
         inbox.attempt = tracing::field::Empty,
         inbox.outcome = tracing::field::Empty,
         inbox.duration_ms = tracing::field::Empty,
-        error.type = tracing::field::Empty,
+        error.type = tracing::field::Empty
     )
 }
 
@@ -34,6 +35,7 @@ pub(crate) fn delivery_span(
 /// the message id, and how many messages were new and how many duplicates.
 pub(crate) fn batch_span(handler: RegisteredHandler, message_count: usize) -> tracing::Span {
     tracing::info_span!(
+        target: "diesel_inbox",
         "inbox.process_batch",
         messaging.operation.type = "process",
         messaging.consumer.group.name = handler.consumer,
@@ -43,7 +45,7 @@ pub(crate) fn batch_span(handler: RegisteredHandler, message_count: usize) -> tr
         inbox.duplicates = tracing::field::Empty,
         inbox.outcome = tracing::field::Empty,
         inbox.duration_ms = tracing::field::Empty,
-        error.type = tracing::field::Empty,
+        error.type = tracing::field::Empty
     )
 }
 

@@ -149,9 +149,8 @@ where
         };
         let delay = backoff.max(asked);
         tracing::warn!(
-            inbox.attempt = run,
-            inbox.retry_in_ms = delay.as_millis() as u64,
-            error = %error,
+            target: "diesel_inbox",
+            { inbox.attempt = run, inbox.retry_in_ms = delay.as_millis() as u64, error = %error },
             "retrying a delivery that failed in a way a retry can fix"
         );
         tokio::time::sleep(delay).await;

@@ -38,6 +38,7 @@ where
     static REPORTED: Once = Once::new();
     REPORTED.call_once(|| {
         tracing::error!(
+            target: "diesel_inbox",
             error = %unsupported,
             "messages are retried, not processed, until the session is fixed"
         );

@@ -207,14 +207,23 @@ where
         }
         Err(Stop::Duplicate) => {
             handler.recent_duplicates.record(true);
-            tracing::debug!(parent: &span, "already processed: the body did not run");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                "already processed: the body did not run"
+            );
             (Ok(Outcome::Duplicate), "duplicate")
         }
         Err(Stop::Handler(error)) => (Err(error), "handler_error"),
         Err(Stop::Database(error)) => {
             let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(parent: &span, error = %error, "nothing was committed");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                error = %error,
+                "nothing was committed"
+            );
             (Err(into_error(error)), "database_error")
         }
     };

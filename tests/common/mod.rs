@@ -946,6 +946,37 @@ where
     );
 }
 
+/// A window of any length prunes: one longer than any marker's age finds nothing, where
+/// the backend's date arithmetic failed (MariaDB from 3,000 years on, PostgreSQL and
+/// SQLite at 10,000 years, all three at `Duration::MAX`), a `Permanent` error.
+pub async fn prune_windows_of_any_length<D>(db: D)
+where
+    D: TestDb,
+    BackendOf<D>: PastInstant,
+{
+    const YEAR: u64 = 365 * 24 * 3600;
+    create_tables(&db, 0).await;
+    let mut conn = db.connect().await;
+    insert_markers::<D>(&mut conn, "old", 3, 3_600).await;
+    insert_markers::<D>(&mut conn, "new", 2, 0).await;
+    let windows = [
+        Duration::from_secs(400 * YEAR),
+        Duration::from_secs(500 * YEAR),
+        Duration::from_secs(500 * YEAR + 1),
+        Duration::from_secs(3_000 * YEAR),
+        Duration::from_secs(10_000 * YEAR),
+        Duration::from_micros(i64::MAX as u64),
+        Duration::MAX,
+        diesel_inbox::Retention::new(Duration::from_secs(300), u32::MAX).window(),
+    ];
+    for window in windows {
+        let pruned = diesel_inbox::prune(&mut conn, window).await;
+        assert_eq!(pruned.expect("nothing is that old"), 0, "{window:?}");
+    }
+    let pruned = diesel_inbox::prune(&mut conn, Duration::from_secs(60)).await;
+    assert_eq!(pruned.unwrap(), 3);
+}
+
 /// Four pruners at once: none fails or deadlocks, each marker is deleted and counted
 /// once, and the counts add up.
 pub async fn concurrent_pruners_delete_each_marker_once<D>(db: D)
@@ -1251,6 +1282,7 @@ macro_rules! common_scenarios {
             cancelled_transaction_statements_never_half_commit,
             migrate_is_idempotent_and_concurrent,
             prune_keeps_the_window_to_the_second,
+            prune_windows_of_any_length,
             concurrent_pruners_delete_each_marker_once,
             fast_path_adapts_to_duplicates,
         );

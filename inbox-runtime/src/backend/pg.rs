@@ -315,6 +315,7 @@ mod imp {
                 .await?;
         if !super::speaks_english(&lc_messages) {
             tracing::warn!(
+                target: "diesel_inbox",
                 lc_messages,
                 "PostgreSQL words its errors in another language than English here, so \
                  diesel-inbox cannot tell a deadlock or a lock time-out from a permanent \

@@ -112,13 +112,18 @@ where
     let (result, outcome) = match settled {
         Settled::Processed(value) => (Ok(Outcome::Processed(value)), "processed"),
         Settled::Duplicate => {
-            tracing::debug!(parent: &span, "already completed: the body did not run");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                "already completed: the body did not run"
+            );
             (Ok(Outcome::Duplicate), "duplicate")
         }
         Settled::InProgress(lease_remaining) => {
             tracing::debug!(
+                target: "diesel_inbox",
                 parent: &span,
-                inbox.lease_remaining_ms = lease_remaining.map(|left| left.as_secs_f64() * 1e3),
+                { inbox.lease_remaining_ms = lease_remaining.map(|left| left.as_secs_f64() * 1e3) },
                 "claimed by another delivery: the body did not run"
             );
             (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
@@ -126,7 +131,12 @@ where
         Settled::Handler(error) => (Err(error), "handler_error"),
         Settled::Database(error) => {
             span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(parent: &span, error = %error, "the claim was not completed");
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: &span,
+                error = %error,
+                "the claim was not completed"
+            );
             (Err(into_error(error)), "database_error")
         }
     };
@@ -205,8 +215,8 @@ where
     // only with that transaction.
     if let Err(left_open) = settling.outside_a_transaction(conn) {
         tracing::warn!(
-            inbox.attempt = attempt,
-            body_failed = ran.is_err(),
+            target: "diesel_inbox",
+            { inbox.attempt = attempt, body_failed = ran.is_err() },
             "the body left its connection inside a transaction: the claim stays held \
              until its lease ends"
         );
@@ -217,7 +227,8 @@ where
             Ok(true) => Settled::Processed(value),
             Ok(false) => {
                 tracing::warn!(
-                    inbox.attempt = attempt,
+                    target: "diesel_inbox",
+                    { inbox.attempt = attempt },
                     "the body outlived its claim's lease and the claim was taken over: \
                      not completed by this delivery"
                 );
@@ -229,7 +240,11 @@ where
             // Released so that the next delivery runs at once; should that fail, the
             // lease ends and the claim is taken over then. The body's error says more.
             if let Err(release) = C::Backend::release(conn, key, token).await {
-                tracing::warn!(error = %release, "could not release the claim after the body failed");
+                tracing::warn!(
+                    target: "diesel_inbox",
+                    error = %release,
+                    "could not release the claim after the body failed"
+                );
             }
             Settled::Handler(error)
         }
@@ -309,8 +324,8 @@ where
         let sent = Instant::now();
         if C::Backend::take_over(conn, claim, found.attempts).await? {
             tracing::info!(
-                inbox.attempt = found.attempts + 1,
-                inbox.released = found.released,
+                target: "diesel_inbox",
+                { inbox.attempt = found.attempts + 1, inbox.released = found.released },
                 "took over a claim nobody held"
             );
             return Ok(held(found.attempts + 1, sent));
@@ -374,8 +389,8 @@ where
             return Ok(());
         }
         tracing::warn!(
-            inbox.attempt = claim.attempt,
-            used_ms = used.as_secs_f64() * 1e3,
+            target: "diesel_inbox",
+            { inbox.attempt = claim.attempt, used_ms = used.as_secs_f64() * 1e3 },
             "the claim took most of its lease to commit: renewing it before the body runs"
         );
         sent = Instant::now();
