@@ -12,7 +12,8 @@
 //! - `CONCURRENCY` handlers (8) run at once, each on a pooled connection; the channel's
 //!   prefetch is the same number, so the broker never hands out more than are running.
 //! - The outcome is carried out by `diesel_inbox::lapin::Queues::settle`: ack, retry
-//!   through `credits.retry` after a delay, or dead-letter to `credits.dead-letter`
+//!   through the retry queue of its delay (`credits.retry.1000ms`), or dead-letter to
+//!   `credits.dead-letter`
 //!   with the reason. A message without `message_id` is dead-lettered, never processed.
 //! - SIGTERM or Ctrl-C: stop taking deliveries, let the running handlers finish and
 //!   settle, close the channel and the connection.

@@ -161,11 +161,12 @@ async fn a_retry_comes_back_after_its_delay_counted() {
     let settled = broker
         .settle(&first, &Disposition::Retry { after: Some(delay) })
         .await;
+    // The next retry queue up from 600 ms holds messages for a second.
     assert_eq!(
         settled,
         Settled::Retried {
             retry: 1,
-            after: delay
+            after: Duration::from_secs(1)
         }
     );
     assert!(
@@ -186,6 +187,58 @@ async fn a_retry_comes_back_after_its_delay_counted() {
     assert_eq!(again.data, b"payload");
     assert_eq!(retries(&again), 1);
     broker.settle(&again, &Disposition::Ack).await;
+    broker.cleanup().await;
+}
+
+/// RabbitMQ expires messages only at the head of a queue: with one retry queue for every
+/// delay, a retry after 200 ms sent after one of 5 s came back after 5 s (15 s behind
+/// 15 s in a service, 5 minutes behind an in-progress claim's lease). Each delay now
+/// waits in a queue of its own, and comes back after at most a tenth and a second more.
+#[tokio::test]
+async fn a_short_retry_is_not_held_behind_a_long_one() {
+    let Some(broker) = broker("retry_order").await else {
+        return;
+    };
+    broker.publish(Some("long"), b"long").await;
+    broker.publish(Some("short"), b"short").await;
+    let long = broker.get(broker.queues.work()).await.expect("long");
+    let short = broker.get(broker.queues.work()).await.expect("short");
+    let (long_delay, short_delay) = (Duration::from_secs(5), Duration::from_millis(200));
+    broker
+        .settle(
+            &long,
+            &Disposition::Retry {
+                after: Some(long_delay),
+            },
+        )
+        .await;
+    let sent = Instant::now();
+    broker
+        .settle(
+            &short,
+            &Disposition::Retry {
+                after: Some(short_delay),
+            },
+        )
+        .await;
+
+    let back = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("a retry comes back");
+    let waited = sent.elapsed();
+    assert_eq!(message_key(&back), Ok("short"), "after {waited:?}");
+    assert!(
+        waited <= short_delay + short_delay / 10 + Duration::from_secs(1),
+        "the 200 ms retry came back after {waited:?}"
+    );
+    broker.settle(&back, &Disposition::Ack).await;
+    let later = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("the long retry comes back too");
+    assert_eq!(message_key(&later), Ok("long"));
+    broker.settle(&later, &Disposition::Ack).await;
     broker.cleanup().await;
 }
 

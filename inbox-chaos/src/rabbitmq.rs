@@ -78,7 +78,8 @@ impl Topology {
 
     /// Messages ready in the work and retry queues (not those a consumer holds).
     pub(crate) async fn ready(&self) -> Result<u64, BoxError> {
-        Ok(self.count(self.queues.work()).await? + self.count(self.queues.retry()).await?)
+        let retrying = self.queues.waiting_retries(&self.connection).await?;
+        Ok(self.count(self.queues.work()).await? + retrying)
     }
 
     pub(crate) async fn dead_letters(&self) -> Result<u64, BoxError> {

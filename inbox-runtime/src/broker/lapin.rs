@@ -12,8 +12,17 @@
 //! | disposition | what happens |
 //! |---|---|
 //! | `Ack` | the delivery is acked |
-//! | `Retry { after }` | a copy goes to `<work>.retry` with that delay as its per-message TTL, from where RabbitMQ dead-letters it back to the work queue; then the delivery is acked |
+//! | `Retry { after }` | a copy goes to the retry queue of that delay, `<work>.retry.<ms>ms`, from where RabbitMQ dead-letters it back to the work queue once the delay has passed; then the delivery is acked |
 //! | `DeadLetter { reason }` | a copy goes to `<work>.dead-letter` with the reason in the `x-inbox-reason` header; then the delivery is acked |
+//!
+//! RabbitMQ expires messages only at the head of a queue, so one retry queue holding
+//! different delays would return a short retry only after every longer one ahead of it:
+//! 200 ms behind 15 s came back after 15 s. Each retry queue holds one delay, its
+//! queue-wide TTL, and a delay waits in the queue of the next one up on a fixed ladder
+//! (100 ms, 250 ms, 500 ms, 1 s, then each a tenth and a second longer than the last, up
+//! to a day): a retry after *d* comes back after at most *d* plus a tenth plus a second,
+//! whatever else is waiting. A retry queue is declared when a retry first needs it.
+//! Delays beyond the ladder's top come back after about a day.
 //!
 //! Copies are published with `mandatory` on a channel in confirm mode, and the delivery is
 //! acked only once the broker has confirmed the copy: a crash in between leaves two copies
@@ -29,7 +38,7 @@ use ::lapin::options::{
 };
 use ::lapin::publisher_confirm::Confirmation;
 use ::lapin::types::{AMQPValue, FieldTable, LongString};
-use ::lapin::{BasicProperties, Channel};
+use ::lapin::{BasicProperties, Channel, Connection};
 
 use super::MissingKey;
 use crate::disposition::Disposition;
@@ -61,11 +70,10 @@ pub fn retries(delivery: &Delivery) -> u32 {
         .unwrap_or(0)
 }
 
-/// A work queue with its retry queue and dead-letter queue.
+/// A work queue with its retry queues and dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queues {
     work: String,
-    retry: String,
     dead_letter: String,
     retry_delay: Duration,
     max_retries: u32,
@@ -77,11 +85,12 @@ pub struct Queues {
 pub enum Settled {
     /// Acked.
     Acked,
-    /// Sent to the retry queue, to come back after `after`; `retry` counts from 1.
+    /// Sent to a retry queue, to come back after `after`; `retry` counts from 1.
     Retried {
         /// The how-manyth retry this is.
         retry: u32,
-        /// When it comes back to the work queue.
+        /// When it comes back to the work queue: the asked delay rounded up to the
+        /// retry queue's.
         after: Duration,
     },
     /// Sent to the dead-letter queue with this reason.
@@ -137,12 +146,12 @@ impl From<::lapin::Error> for SettleError {
 }
 
 impl Queues {
-    /// The work queue `work`, with `<work>.retry` and `<work>.dead-letter`; a retry waits
-    /// 1 s, at most 10 retries, and the work queue delivers a message at most 20 times.
+    /// The work queue `work`, with retry queues `<work>.retry.<ms>ms` and
+    /// `<work>.dead-letter`; a retry waits 1 s, at most 10 retries, and the work queue
+    /// delivers a message at most 20 times.
     pub fn new(work: impl Into<String>) -> Self {
         let work = work.into();
         Self {
-            retry: format!("{work}.retry"),
             dead_letter: format!("{work}.dead-letter"),
             work,
             retry_delay: Duration::from_secs(1),
@@ -176,9 +185,19 @@ impl Queues {
         &self.work
     }
 
-    /// The retry queue's name.
-    pub fn retry(&self) -> &str {
-        &self.retry
+    /// The retry queue a retry after `after` waits in: the next delay up on the ladder.
+    pub fn retry_queue(&self, after: Duration) -> String {
+        self.retry_queue_of(retry_tier(after))
+    }
+
+    /// Every retry queue a retry may wait in, shortest delay first (most exist only once
+    /// a retry has needed them).
+    pub fn retry_queues(&self) -> impl Iterator<Item = String> + '_ {
+        retry_tiers().map(|tier| self.retry_queue_of(tier))
+    }
+
+    fn retry_queue_of(&self, tier: Duration) -> String {
+        format!("{}.retry.{}ms", self.work, tier.as_millis())
     }
 
     /// The dead-letter queue's name.
@@ -186,10 +205,11 @@ impl Queues {
         &self.dead_letter
     }
 
-    /// Declares the three durable quorum queues (idempotent; safe from every instance).
+    /// Declares the work queue, the dead-letter queue and the retry queue of the default
+    /// retry delay, durable quorum queues (idempotent; safe from every instance).
     ///
     /// The work queue dead-letters, at least once, to the dead-letter queue, which catches
-    /// messages over the delivery limit; the retry queue dead-letters, at least once, its
+    /// messages over the delivery limit; each retry queue dead-letters, at least once, its
     /// expired messages back to the work queue.
     pub async fn declare(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
         let options = QueueDeclareOptions {
@@ -202,19 +222,65 @@ impl Queues {
             AMQPValue::LongLongInt(self.delivery_limit.into()),
         );
         channel.queue_declare(&self.work, options, work).await?;
-        let retry = dead_lettering_to(&self.work);
-        channel.queue_declare(&self.retry, options, retry).await?;
         channel
             .queue_declare(&self.dead_letter, options, quorum())
+            .await?;
+        self.declare_retry_queue(channel, retry_tier(self.retry_delay))
+            .await
+    }
+
+    /// Declares the retry queue of `tier`, one of the ladder's delays.
+    async fn declare_retry_queue(
+        &self,
+        channel: &Channel,
+        tier: Duration,
+    ) -> Result<(), ::lapin::Error> {
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let mut retry = dead_lettering_to(&self.work);
+        let ttl = u32::try_from(tier.as_millis()).expect("the ladder's top fits in u32 ms");
+        retry.insert("x-message-ttl".into(), AMQPValue::LongUInt(ttl));
+        channel
+            .queue_declare(&self.retry_queue_of(tier), options, retry)
             .await?;
         Ok(())
     }
 
-    /// Deletes the three queues, with whatever they hold.
+    /// Messages waiting in the retry queues to come back to the work queue. Opens a
+    /// channel per retry queue that does not exist (RabbitMQ closes the channel that asks
+    /// about one), so call it to watch a run, not per delivery.
+    pub async fn waiting_retries(&self, connection: &Connection) -> Result<u64, ::lapin::Error> {
+        let asking = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let mut waiting = 0;
+        let mut channel = connection.create_channel().await?;
+        for queue in self.retry_queues() {
+            match channel
+                .queue_declare(&queue, asking, FieldTable::default())
+                .await
+            {
+                Ok(queue) => waiting += u64::from(queue.message_count()),
+                Err(_not_found) => channel = connection.create_channel().await?,
+            }
+        }
+        let _ = channel.close(200, "counted").await;
+        Ok(waiting)
+    }
+
+    /// Deletes the work queue, the dead-letter queue and every retry queue, with whatever
+    /// they hold (and the single `<work>.retry` of earlier releases).
     pub async fn delete(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
-        for queue in [&self.work, &self.retry, &self.dead_letter] {
+        let retries = self.retry_queues().chain([format!("{}.retry", self.work)]);
+        for queue in [self.work.clone(), self.dead_letter.clone()]
+            .into_iter()
+            .chain(retries)
+        {
             channel
-                .queue_delete(queue, QueueDeleteOptions::default())
+                .queue_delete(&queue, QueueDeleteOptions::default())
                 .await?;
         }
         Ok(())
@@ -242,17 +308,17 @@ impl Queues {
                     self.send_to_dead_letter(channel, delivery, &reason).await?;
                     Settled::DeadLettered { reason }
                 } else {
-                    let after = after.unwrap_or(self.retry_delay);
+                    let tier = retry_tier(after.unwrap_or(self.retry_delay));
                     let mut headers = headers_of(delivery);
                     headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retry.into()));
-                    let properties = delivery
-                        .properties
-                        .clone()
-                        .with_headers(headers)
-                        .with_expiration(after.as_millis().max(1).to_string().into());
-                    self.publish_confirmed(channel, &self.retry, delivery, properties)
+                    // The queue's TTL alone decides: a producer's shorter `expiration`
+                    // would return the copy early.
+                    let properties = without_expiration(&delivery.properties).with_headers(headers);
+                    self.declare_retry_queue(channel, tier).await?;
+                    let queue = self.retry_queue_of(tier);
+                    self.publish_confirmed(channel, &queue, delivery, properties)
                         .await?;
-                    Settled::Retried { retry, after }
+                    Settled::Retried { retry, after: tier }
                 }
             }
             Disposition::DeadLetter { reason } => {
@@ -310,6 +376,36 @@ impl Queues {
     }
 }
 
+/// The delays retry queues hold messages for, in milliseconds: 100 ms, 250 ms, 500 ms,
+/// 1 s, then each a tenth and a second longer than the last, to just past a day. A
+/// delay *d* between two of them waits the upper one, at most `d + d/10 + 1 s`.
+fn retry_tiers() -> impl Iterator<Item = Duration> {
+    const DAY_MS: u64 = 24 * 3600 * 1000;
+    let mut next = Some(1_000_u64);
+    let from_a_second = std::iter::from_fn(move || {
+        let tier = next?;
+        next = (tier < DAY_MS).then(|| tier + tier / 10 + 1_000);
+        Some(tier)
+    });
+    [100, 250, 500]
+        .into_iter()
+        .chain(from_a_second)
+        .map(Duration::from_millis)
+}
+
+/// The retry queue delay that a retry after `after` waits: the first on the ladder that
+/// is at least as long, or the longest.
+fn retry_tier(after: Duration) -> Duration {
+    let mut longest = Duration::ZERO;
+    for tier in retry_tiers() {
+        if tier >= after {
+            return tier;
+        }
+        longest = tier;
+    }
+    longest
+}
+
 fn quorum() -> FieldTable {
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), long_string("quorum"));
@@ -365,4 +461,29 @@ fn without_expiration(properties: &BasicProperties) -> BasicProperties {
         cluster_id => with_cluster_id,
     );
     copy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_waits_at_most_a_tenth_and_a_second_longer() {
+        let tiers: Vec<Duration> = retry_tiers().collect();
+        assert!(tiers.windows(2).all(|pair| pair[0] < pair[1]));
+        assert!(tiers.len() < 100, "{} retry queues", tiers.len());
+        for millis in (0..30_000)
+            .step_by(7)
+            .chain((30_000..90_000_000).step_by(99_991))
+        {
+            let after = Duration::from_millis(millis);
+            let waited = retry_tier(after);
+            assert!(waited >= after, "{after:?} waits {waited:?}");
+            assert!(
+                waited <= after + after / 10 + Duration::from_secs(1),
+                "{after:?} waits {waited:?}"
+            );
+        }
+        assert_eq!(retry_tier(Duration::MAX), *tiers.last().unwrap());
+    }
 }
