@@ -86,6 +86,10 @@ async fn credit(
 
 const MAX_DELIVER: i64 = 10;
 
+/// How long JetStream waits for an ack before it redelivers; a handler still running
+/// says it is in progress every third of it.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+
 struct Service {
     pool: Pool<AsyncPgConnection>,
     settlement: Settlement,
@@ -129,7 +133,8 @@ async fn main() -> Result<(), BoxError> {
     let service = Service {
         pool,
         settlement: Settlement::new(format!("{}.dead-letter", prefix.to_lowercase()))
-            .with_max_deliveries(MAX_DELIVER - 1),
+            .with_max_deliveries(MAX_DELIVER - 1)
+            .with_ack_wait(ACK_WAIT),
         concurrency,
         shutdown: CancellationToken::new(),
     };
@@ -195,7 +200,7 @@ async fn declare(
             pull::Config {
                 durable_name: Some("credit".into()),
                 ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
+                ack_wait: ACK_WAIT,
                 max_deliver: MAX_DELIVER,
                 max_ack_pending: concurrency.into(),
                 ..Default::default()
@@ -237,7 +242,11 @@ impl Service {
                     reason: format!("not a credit message: {error}"),
                 },
                 Ok(msg) => match self.pool.get().await {
-                    Ok(mut conn) => Disposition::of(&credit(&mut conn, key, &msg).await),
+                    // Kept in progress while it runs, however long the database takes.
+                    Ok(mut conn) => {
+                        let credited = credit(&mut conn, key, &msg);
+                        Disposition::of(&self.settlement.in_progress(&message, credited).await)
+                    }
                     Err(error) => {
                         warn!(%error, "no database connection");
                         Disposition::Retry {

@@ -383,3 +383,50 @@ async fn every_dead_letter_arrives_whatever_its_producer_id() {
             .expect("delete stream");
     }
 }
+
+/// A handler that runs three times the consumer's `ack_wait` is not redelivered while it
+/// runs when its call is wrapped in `Settlement::in_progress`, which tells JetStream the
+/// message is still being worked on; unwrapped, the same wait lets JetStream hand the
+/// message to another consumer at once.
+#[tokio::test]
+async fn a_long_handler_is_not_redelivered_while_it_runs() {
+    let Some(broker) = broker("in_progress").await else {
+        return;
+    };
+    let ack_wait = Duration::from_secs(1);
+    let consumer = broker
+        .jetstream
+        .get_stream(&broker.name)
+        .await
+        .expect("stream")
+        .create_consumer(pull::Config {
+            durable_name: Some("slow".to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let settlement = broker.settlement.clone().with_ack_wait(ack_wait);
+    let handler = || tokio::time::sleep(3 * ack_wait);
+
+    for (id, kept) in [("unwrapped", false), ("in-progress", true)] {
+        broker.publish(Some(id), b"slow").await;
+        let delivery = next(&consumer, SOON).await.expect("delivery");
+        assert_eq!(message_key(&delivery), Ok(MessageKey::MsgId(id)));
+        let running = async {
+            if kept {
+                settlement.in_progress(&delivery, handler()).await;
+            } else {
+                handler().await;
+            }
+        };
+        let (redelivered, ()) = tokio::join!(next(&consumer, 3 * ack_wait), running);
+        assert_eq!(redelivered.is_some(), !kept, "{id}");
+        delivery.ack().await.expect("ack");
+        if let Some(redelivered) = redelivered {
+            redelivered.ack().await.expect("ack");
+        }
+    }
+    broker.cleanup().await;
+}

@@ -147,17 +147,56 @@ pub struct Settlement {
     dead_letter_subject: String,
     retry_delay: Duration,
     max_deliveries: Option<i64>,
+    ack_wait: Duration,
 }
 
 impl Settlement {
     /// Dead letters go to `dead_letter_subject`, which a stream must capture (publishing
     /// there fails otherwise, and the message is then left unsettled for redelivery); a
-    /// retry waits 1 s; retries are not limited.
+    /// retry waits 1 s; retries are not limited; the consumer's `ack_wait` is JetStream's
+    /// default, 30 s.
     pub fn new(dead_letter_subject: impl Into<String>) -> Self {
         Self {
             dead_letter_subject: dead_letter_subject.into(),
             retry_delay: Duration::from_secs(1),
             max_deliveries: None,
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+
+    /// The consumer's `ack_wait`, which [`Settlement::in_progress`] keeps a handler
+    /// within.
+    pub fn with_ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// Runs `handling`, the handler's call for `message`, telling JetStream every third
+    /// of `ack_wait` that the message is still in progress (`+WPI`), so that a handler
+    /// that runs longer than `ack_wait` is not redelivered, to another consumer, while it
+    /// runs. Wrap every handler call in it: how long one takes is up to the database and
+    /// whatever the handler waits for.
+    pub async fn in_progress<F: std::future::Future>(
+        &self,
+        message: &Message,
+        handling: F,
+    ) -> F::Output {
+        let mut handling = std::pin::pin!(handling);
+        let every = self.ack_wait / 3;
+        loop {
+            tokio::select! {
+                output = &mut handling => return output,
+                () = tokio::time::sleep(every) => {
+                    // A lost `+WPI` only risks the redelivery it is there to spare.
+                    if let Err(error) = message.ack_with(AckKind::Progress).await {
+                        tracing::warn!(
+                            target: "diesel_inbox",
+                            error = %error,
+                            "could not tell JetStream the message is still in progress"
+                        );
+                    }
+                }
+            }
         }
     }
 
