@@ -27,14 +27,14 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::lapin::{Queues, Settled, message_key};
+use diesel_inbox::lapin::{Queues, Settled, connect, message_key};
 use diesel_inbox::{Classify, Disposition, ErrorClass, idempotent};
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -212,13 +212,6 @@ impl Service {
             Err(error) => warn!(%error, "could not settle a delivery"),
         }
     }
-}
-
-async fn connect(amqp_url: &str) -> Result<Connection, lapin::Error> {
-    let properties = ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    Connection::connect(amqp_url, properties).await
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

@@ -11,7 +11,7 @@ use diesel_inbox::{Disposition, idempotent};
 use lapin::message::BasicGetMessage;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::AMQPValue;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 
 #[cfg(all(feature = "mysql", feature = "retry", feature = "deadpool"))]
 #[path = "rabbitmq/outage.rs"]
@@ -35,10 +35,7 @@ struct Broker {
 /// A confirm-mode channel and queues named after the test, or `None` without `AMQP_URL`.
 async fn broker(test: &str) -> Option<Broker> {
     let url = server_url("AMQP_URL")?;
-    let properties = ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let connection = Connection::connect(&url, properties)
+    let connection = diesel_inbox::lapin::connect(&url)
         .await
         .expect("connect to RabbitMQ");
     let channel = connection.create_channel().await.expect("open a channel");

@@ -7,17 +7,14 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::handlers::{self, Message};
 use crate::{BoxError, ConsumeArgs};
 
 async fn connect(url: &str) -> Result<(Connection, Channel), BoxError> {
-    let properties = ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let connection = Connection::connect(url, properties).await?;
+    let connection = diesel_inbox::lapin::connect(url).await?;
     let channel = connection.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())

@@ -19,7 +19,6 @@ use diesel_inbox::{Disposition, InboxBackend, RetryPolicy, idempotent, retry};
 use futures_util::StreamExt as _;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -294,12 +293,7 @@ async fn consume<C>(
     AsyncDieselConnectionManager<C>: deadpool::managed::Manager<Type = C, Error = PoolError>,
 {
     let url = server_url("AMQP_URL").expect("AMQP_URL");
-    let properties = ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let connection = Connection::connect(&url, properties)
-        .await
-        .expect("connect");
+    let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
     let channel = connection.create_channel().await.expect("channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())

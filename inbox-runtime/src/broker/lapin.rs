@@ -38,7 +38,7 @@ use ::lapin::options::{
 };
 use ::lapin::publisher_confirm::Confirmation;
 use ::lapin::types::{AMQPValue, FieldTable, LongString};
-use ::lapin::{BasicProperties, Channel, Connection};
+use ::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::MissingKey;
 use crate::disposition::Disposition;
@@ -47,6 +47,19 @@ use crate::disposition::Disposition;
 pub const RETRIES_HEADER: &str = "x-inbox-retries";
 /// The header that carries a dead-lettered message's reason.
 pub const REASON_HEADER: &str = "x-inbox-reason";
+
+/// Connects to RabbitMQ at `url` (`amqp://…`) with lapin running on the current tokio
+/// runtime, its executor and its reactor: the glue lapin needs and does not bring.
+///
+/// # Panics
+///
+/// Outside a tokio runtime.
+pub async fn connect(url: &str) -> Result<Connection, ::lapin::Error> {
+    let properties = ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    Connection::connect(url, properties).await
+}
 
 /// The inbox key of a delivery: its `message_id` property.
 ///
