@@ -9,8 +9,11 @@ use diesel_inbox::lapin::{Queues, REASON_HEADER, SettleError, Settled, message_k
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Disposition, idempotent};
 use lapin::message::BasicGetMessage;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::AMQPValue;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 
 #[cfg(all(feature = "mysql", feature = "retry", feature = "deadpool"))]
@@ -419,5 +422,134 @@ async fn duplicates_published_twice_are_applied_once() {
     );
     drop(conn);
     db.cleanup().await.expect("drop the schema");
+    broker.cleanup().await;
+}
+
+/// A dead-letter queue at its `x-max-length` with `overflow = reject-publish` refuses the
+/// copy: the settle fails and the delivery stays unacked, so it comes back, never lost.
+#[tokio::test]
+async fn a_full_dead_letter_queue_loses_nothing() {
+    let Some(url) = server_url("AMQP_URL") else {
+        return;
+    };
+    let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    let queues = Queues::new(format!(
+        "inbox-test.dead-letter-full.{}",
+        std::process::id()
+    ));
+    queues.delete(&channel).await.expect("delete old queues");
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(queues.work(), durable, arguments.clone())
+        .await
+        .expect("work queue");
+    arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    channel
+        .queue_declare(queues.dead_letter(), durable, arguments)
+        .await
+        .expect("a dead-letter queue that holds one message");
+    // Filled past its limit (a quorum queue takes one message more before it refuses).
+    let publish = async |queue: &str, id: &str| {
+        let properties = BasicProperties::default().with_message_id(id.into());
+        channel
+            .basic_publish("", queue, BasicPublishOptions::default(), b"x", properties)
+            .await
+            .expect("publish")
+            .await
+            .expect("answered")
+    };
+    for filler in ["filler-1", "filler-2"] {
+        publish(queues.dead_letter(), filler).await;
+    }
+    publish(queues.work(), "m-1").await;
+
+    let delivery = channel
+        .basic_get(queues.work(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .expect("the message");
+    let refuse = Disposition::DeadLetter {
+        reason: "refused".to_owned(),
+    };
+    let refused = queues.settle(&channel, &delivery, &refuse).await;
+    assert!(
+        matches!(refused, Err(SettleError::NotConfirmed { .. })),
+        "{refused:?}"
+    );
+
+    // Unacked, it comes back once its channel closes.
+    channel.close(200, "done").await.expect("close");
+    let channel = connection.create_channel().await.expect("channel");
+    let back = channel
+        .basic_get(queues.work(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .expect("back in the work queue");
+    assert_eq!(message_key(&back), Ok("m-1"));
+    assert!(back.redelivered);
+    channel
+        .basic_ack(back.delivery_tag, BasicAckOptions::default())
+        .await
+        .expect("ack");
+    queues.delete(&channel).await.expect("delete the queues");
+    connection.close(200, "done").await.expect("close");
+}
+
+/// A channel that closes before the delivery is settled: the settle fails, and the
+/// delivery comes back to the work queue, never lost.
+#[tokio::test]
+async fn a_channel_closed_before_the_settle_loses_nothing() {
+    let Some(broker) = broker("channel_closed").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let channel = broker.connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    let delivery = channel
+        .basic_get(broker.queues.work(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+        .expect("the message");
+    channel.close(200, "gone").await.expect("close");
+    for disposition in [
+        Disposition::Ack,
+        Disposition::Retry { after: None },
+        Disposition::DeadLetter {
+            reason: "refused".to_owned(),
+        },
+    ] {
+        let settled = broker
+            .queues
+            .settle(&channel, &delivery, &disposition)
+            .await;
+        assert!(settled.is_err(), "{disposition:?}: {settled:?}");
+    }
+    let back = broker
+        .next(broker.queues.work(), Duration::from_secs(10))
+        .await
+        .expect("back in the work queue");
+    assert_eq!(message_key(&back), Ok("m-1"));
+    broker.settle(&back, &Disposition::Ack).await;
+    assert!(broker.get(broker.queues.dead_letter()).await.is_none());
     broker.cleanup().await;
 }
