@@ -346,6 +346,7 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let guard = metrics::set_default_local_recorder(&recorder);
+    diesel_inbox::metrics::describe();
     for id in ["m-1", "m-1", "m-2", ""] {
         let _ = traced_credit(&mut conn, &Credit { id: id.into() }).await;
     }
@@ -361,7 +362,15 @@ async fn each_delivery_is_counted_by_consumer_and_outcome() {
 
     let mut counts = HashMap::new();
     let mut durations = 0;
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, unit, description, value) in snapshotter.snapshot().into_vec() {
+        assert!(description.is_some(), "{key:?} is described");
+        assert_eq!(
+            unit,
+            Some(match key.key().name() {
+                diesel_inbox::metrics::DELIVERIES => metrics::Unit::Count,
+                _ => metrics::Unit::Seconds,
+            })
+        );
         let labels: HashMap<&str, &str> = key
             .key()
             .labels()
