@@ -32,6 +32,7 @@ pub struct Retention {
     redelivery_timeout: Duration,
     max_deliveries: u32,
     message_ttl: Duration,
+    retry_waits: Duration,
     resubmit_margin: Duration,
 }
 
@@ -43,6 +44,7 @@ impl Retention {
             redelivery_timeout,
             max_deliveries,
             message_ttl: Duration::ZERO,
+            retry_waits: Duration::ZERO,
             resubmit_margin: Duration::ZERO,
         }
     }
@@ -51,6 +53,15 @@ impl Retention {
     pub const fn with_message_ttl(self, ttl: Duration) -> Self {
         Self {
             message_ttl: ttl,
+            ..self
+        }
+    }
+
+    /// How long a message may wait, in all, in retry queues between its deliveries
+    /// (RabbitMQ's retry queues, a JetStream nak's delay beyond `AckWait`).
+    pub const fn with_retry_waits(self, waits: Duration) -> Self {
+        Self {
+            retry_waits: waits,
             ..self
         }
     }
@@ -64,12 +75,13 @@ impl Retention {
         }
     }
 
-    /// The window: `redelivery_timeout × max_deliveries + message_ttl +
+    /// The window: `redelivery_timeout × max_deliveries + message_ttl + retry_waits +
     /// resubmit_margin`, saturating instead of overflowing.
     pub const fn window(&self) -> Duration {
         self.redelivery_timeout
             .saturating_mul(self.max_deliveries)
             .saturating_add(self.message_ttl)
+            .saturating_add(self.retry_waits)
             .saturating_add(self.resubmit_margin)
     }
 }
@@ -82,10 +94,11 @@ mod tests {
     fn every_term_counts_and_nothing_overflows() {
         let retention = Retention::new(Duration::from_secs(30), 5)
             .with_message_ttl(Duration::from_secs(100))
+            .with_retry_waits(Duration::from_secs(10))
             .with_resubmit_margin(Duration::from_secs(1_000));
         assert_eq!(
             retention.window(),
-            Duration::from_secs(30 * 5 + 100 + 1_000)
+            Duration::from_secs(30 * 5 + 100 + 10 + 1_000)
         );
         assert_eq!(
             Retention::new(Duration::MAX, u32::MAX).window(),

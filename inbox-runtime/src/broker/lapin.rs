@@ -42,6 +42,7 @@ use ::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::MissingKey;
 use crate::disposition::Disposition;
+use crate::retention::Retention;
 
 /// The header that counts how often a message went through the retry queue.
 pub const RETRIES_HEADER: &str = "x-inbox-retries";
@@ -191,6 +192,22 @@ impl Queues {
     pub fn with_delivery_limit(mut self, limit: u32) -> Self {
         self.delivery_limit = limit;
         self
+    }
+
+    /// The [`Retention`] these queues need, from their own settings and the server's
+    /// `consumer_timeout` (30 minutes by default), the wait before RabbitMQ takes an
+    /// unacked delivery back. Every trip through a retry queue starts a fresh delivery
+    /// count, so a message gets up to the delivery limit's deliveries before each of its
+    /// retries and after the last; before each retry it waits in a retry queue, at most
+    /// the retry queue of `longest_retry` (the longest `Retry { after }` your handlers
+    /// return, a claim-mode handler's lease among them). Add the work queue's
+    /// `x-message-ttl` and a margin for resubmitted dead letters with
+    /// [`Retention::with_message_ttl`] and [`Retention::with_resubmit_margin`].
+    pub fn retention(&self, consumer_timeout: Duration, longest_retry: Duration) -> Retention {
+        let trips = self.max_retries.saturating_add(1);
+        let longest_wait = retry_tier(longest_retry.max(self.retry_delay));
+        Retention::new(consumer_timeout, self.delivery_limit.saturating_mul(trips))
+            .with_retry_waits(longest_wait.saturating_mul(self.max_retries))
     }
 
     /// The work queue's name.
@@ -479,6 +496,20 @@ fn without_expiration(properties: &BasicProperties) -> BasicProperties {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_counts_every_trip_through_the_retry_queues() {
+        let queues = Queues::new("credits")
+            .with_max_retries(2)
+            .with_delivery_limit(3);
+        let minute = Duration::from_secs(60);
+        let retention = queues.retention(30 * minute, Duration::from_millis(900));
+        // 3 deliveries on each of 3 trips, and 2 waits of the 1 s retry queue.
+        assert_eq!(
+            retention.window(),
+            9 * 30 * minute + 2 * Duration::from_secs(1)
+        );
+    }
 
     #[test]
     fn a_retry_waits_at_most_a_tenth_and_a_second_longer() {

@@ -33,6 +33,7 @@ use ::async_nats::jetstream::{AckKind, Message};
 use super::MissingKey;
 use crate::disposition::Disposition;
 use crate::key::{InboxKey, InvalidKey};
+use crate::retention::Retention;
 
 /// The header that carries a dead-lettered message's reason.
 pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";
@@ -214,6 +215,37 @@ impl Settlement {
         self
     }
 
+    /// The [`Retention`] a JetStream consumer with `config` needs, settled by this
+    /// settlement: a message gets up to the consumer's `max_deliver` deliveries, fewer
+    /// where [`with_max_deliveries`](Self::with_max_deliveries) dead-letters it first,
+    /// each redelivered after `ack_wait`, its `backoff` or the delay of a `Retry`,
+    /// whichever is longest; `longest_retry` is the longest `Retry { after }` your
+    /// handlers return (a claim-mode handler's lease among them). `None` when neither
+    /// limits the deliveries: no window is then safe. Add the stream's `max_age` and a
+    /// margin for resubmitted dead letters with [`Retention::with_message_ttl`] and
+    /// [`Retention::with_resubmit_margin`].
+    pub fn retention(
+        &self,
+        config: &::async_nats::jetstream::consumer::pull::Config,
+        longest_retry: Duration,
+    ) -> Option<Retention> {
+        let limits = [Some(config.max_deliver), self.max_deliveries];
+        let deliveries = limits
+            .into_iter()
+            .flatten()
+            .filter(|limit| *limit > 0)
+            .min()?;
+        let longest_backoff = config.backoff.iter().max().copied().unwrap_or_default();
+        let between = config
+            .ack_wait
+            .max(longest_backoff)
+            .max(longest_retry.max(self.retry_delay));
+        Some(Retention::new(
+            between,
+            u32::try_from(deliveries).unwrap_or(u32::MAX),
+        ))
+    }
+
     /// The subject dead letters are published to.
     pub fn dead_letter_subject(&self) -> &str {
         &self.dead_letter_subject
@@ -294,4 +326,38 @@ async fn publish_confirmed(
         .await?
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use ::async_nats::jetstream::consumer::pull;
+
+    use super::*;
+
+    #[test]
+    fn retention_takes_the_fewest_deliveries_and_the_longest_wait() {
+        let second = Duration::from_secs(1);
+        let config = pull::Config {
+            ack_wait: 30 * second,
+            max_deliver: 10,
+            backoff: vec![5 * second, 60 * second],
+            ..Default::default()
+        };
+        let settlement = Settlement::new("dead").with_max_deliveries(4);
+        let retention = settlement.retention(&config, 20 * second).expect("limited");
+        assert_eq!(retention.window(), 4 * 60 * second);
+        let slower = settlement.retention(&config, 90 * second).expect("limited");
+        assert_eq!(slower.window(), 4 * 90 * second);
+
+        let unlimited = pull::Config {
+            max_deliver: -1,
+            ..config
+        };
+        assert_eq!(Settlement::new("dead").retention(&unlimited, second), None);
+        let by_the_settlement = Settlement::new("dead").with_max_deliveries(3);
+        let limited = by_the_settlement
+            .retention(&unlimited, second)
+            .expect("limited");
+        assert_eq!(limited.window(), 3 * 60 * second);
+    }
 }
