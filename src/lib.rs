@@ -86,7 +86,7 @@ pub use inbox_runtime::{
     registered_handlers, retry_after_of,
 };
 #[cfg(feature = "pruner")]
-pub use inbox_runtime::{Pace, Pruner, prune_paced};
+pub use inbox_runtime::{ConnectionSource, Pace, Pruner, prune_paced};
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};
 

@@ -142,3 +142,33 @@ async fn a_paced_prune_deletes_what_a_flat_out_one_does() {
     drop(conn);
     db.cleanup().await.unwrap();
 }
+
+/// An owned pool is all a pruner needs, deadpool's or bb8's: one line, where a closure
+/// over an owned pool (`move || pool.get()`) does not compile.
+#[cfg(all(feature = "deadpool", feature = "bb8"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_pool_is_all_a_pruner_needs() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::{bb8, deadpool};
+
+    let (db, mut conn) = inbox_with_old_markers("pruner_pools", 100).await;
+    let manager = || AsyncDieselConnectionManager::<Conn>::new(db.url());
+    let deadpool = deadpool::Pool::builder(manager()).build().unwrap();
+    let bb8 = bb8::Pool::builder().build(manager()).await.unwrap();
+    let pruners = [
+        Pruner::spawn(deadpool, Duration::from_millis(20), Duration::from_secs(60)),
+        Pruner::spawn(bb8, Duration::from_millis(20), Duration::from_secs(60)),
+    ];
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while markers(&mut conn).await > 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the old markers are pruned");
+    for pruner in pruners {
+        pruner.shut_down().await;
+    }
+    drop(conn);
+    db.cleanup().await.unwrap();
+}

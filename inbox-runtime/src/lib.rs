@@ -53,7 +53,7 @@ pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use prune::prune;
 #[cfg(feature = "pruner")]
-pub use pruner::{Pace, Pruner, prune_paced};
+pub use pruner::{ConnectionSource, Pace, Pruner, prune_paced};
 pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
 pub use retention::Retention;
 #[cfg(feature = "retry")]

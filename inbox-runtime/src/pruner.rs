@@ -66,9 +66,70 @@ where
     .await
 }
 
+/// Where a [`Pruner`] takes a connection for each run: an owned diesel-async pool
+/// (deadpool's or bb8's, with the feature of that name), or a closure that returns a
+/// future of one, such as `|| pool.get()` on a `&'static` pool.
+pub trait ConnectionSource: Send + 'static {
+    /// The connection it gives.
+    type Connection: AsyncConnection<Backend: InboxBackend> + 'static;
+    /// Why it gave none, logged at `WARN`.
+    type Error: fmt::Display;
+
+    /// A connection for one run.
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_;
+}
+
+impl<F, Connecting, C, E> ConnectionSource for F
+where
+    F: Fn() -> Connecting + Send + 'static,
+    Connecting: Future<Output = Result<C, E>> + Send + 'static,
+    C: AsyncConnection<Backend: InboxBackend> + 'static,
+    E: fmt::Display,
+{
+    type Connection = C;
+    type Error = E;
+
+    fn connect(&self) -> impl Future<Output = Result<C, E>> + Send + '_ {
+        self()
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl<C> ConnectionSource for diesel_async::pooled_connection::deadpool::Pool<C>
+where
+    C: diesel_async::pooled_connection::PoolableConnection<Backend: InboxBackend> + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    type Connection = diesel_async::pooled_connection::deadpool::Object<C>;
+    type Error = diesel_async::pooled_connection::deadpool::PoolError;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_ {
+        self.get()
+    }
+}
+
+#[cfg(feature = "bb8")]
+impl<C> ConnectionSource for diesel_async::pooled_connection::bb8::Pool<C>
+where
+    C: diesel_async::pooled_connection::PoolableConnection<Backend: InboxBackend> + 'static,
+    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
+        diesel_async::methods::LoadQuery<'a, C, i32>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    type Connection = diesel_async::pooled_connection::bb8::PooledConnection<'static, C>;
+    type Error = diesel_async::pooled_connection::bb8::RunError;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_ {
+        self.get_owned()
+    }
+}
+
 /// A task that prunes every `every`, give or take a tenth (so that instances started
-/// together do not prune in step), at a [`Pace`], on a connection it takes from `connect`
-/// for each run, such as `|| pool.get()`.
+/// together do not prune in step), at a [`Pace`], on a connection it takes from
+/// `connect` for each run: an owned pool (`pool.clone()`), or a closure such as
+/// `|| pool.get()` on a `&'static` pool.
 ///
 /// Each run logs what it deleted at `INFO`, or why it failed at `WARN` (and the next run
 /// tries again). [`Pruner::shut_down`] stops it between runs, while a run waits for its
@@ -101,35 +162,17 @@ pub struct Pruner {
 impl Pruner {
     /// Starts pruning on the current tokio runtime at the default [`Pace`]: the first run
     /// after about `every`.
-    pub fn spawn<C, E, Connect, Connecting>(
-        connect: Connect,
-        every: Duration,
-        older_than: Duration,
-    ) -> Self
-    where
-        Connect: Fn() -> Connecting + Send + 'static,
-        Connecting: Future<Output = Result<C, E>> + Send,
-        C: AsyncConnection + 'static,
-        C::Backend: InboxBackend,
-        E: fmt::Display,
-    {
+    pub fn spawn(connect: impl ConnectionSource, every: Duration, older_than: Duration) -> Self {
         Self::spawn_paced(connect, every, older_than, Pace::default())
     }
 
     /// [`Pruner::spawn`] at `pace`.
-    pub fn spawn_paced<C, E, Connect, Connecting>(
-        connect: Connect,
+    pub fn spawn_paced(
+        connect: impl ConnectionSource,
         every: Duration,
         older_than: Duration,
         pace: Pace,
-    ) -> Self
-    where
-        Connect: Fn() -> Connecting + Send + 'static,
-        Connecting: Future<Output = Result<C, E>> + Send,
-        C: AsyncConnection + 'static,
-        C::Backend: InboxBackend,
-        E: fmt::Display,
-    {
+    ) -> Self {
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             loop {
@@ -142,7 +185,7 @@ impl Pruner {
                 // not wait for one.
                 let connection = tokio::select! {
                     () = shutting_down(stopped.clone()) => return,
-                    connection = connect() => {
+                    connection = connect.connect() => {
                         connection.map_err(|error| format!("no connection: {error}"))
                     }
                 };
