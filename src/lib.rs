@@ -44,8 +44,10 @@
 //! - `Err` means nothing of this call was committed.
 //!
 //! The effect is exactly-once only for writes made through the connection the handler
-//! receives. Side effects outside the database (HTTP calls, emails, publishing) can still
-//! happen more than once; use an outbox for those.
+//! receives. For a side effect outside the database (an HTTP call, an e-mail) use claim
+//! mode, `#[idempotent(…, claim)]` ([`claims`]): at most one delivery at a time runs the
+//! body, and a stable [`Claim::idempotency_key`] lets the downstream system drop a
+//! repeat.
 //!
 //! # Start-up
 //!
@@ -56,9 +58,16 @@
 //!
 //! # Features
 //!
-//! `postgres`, `mysql` and `sqlite` (all on by default) turn on the matching
-//! diesel-async backend. `testing` adds [`testing`], a database of each test's own with
-//! the inbox migrated.
+//! | feature | what it adds |
+//! |---|---|
+//! | `postgres`, `mysql`, `sqlite` (all on by default) | the matching diesel-async backend |
+//! | `testing` | `testing`: a database of each test's own, with the inbox migrated |
+//! | `retry` | `retry`: runs a handler again, with backoff, while its error is retryable |
+//! | `pruner` | `Pruner`: prunes old markers in a background task |
+//! | `metrics` | `metrics`: a counter and a duration histogram per consumer and outcome |
+//! | `lapin`, `nats`, `kafka` | the broker glue: a message's key, and a [`Disposition`] carried out on RabbitMQ and JetStream |
+//! | `anyhow` | [`Classify`] for `anyhow::Error` |
+//! | `deadpool`, `bb8` | [`Classify`] for the pools' errors, and a pool as a `Pruner`'s connections |
 
 // docs.rs marks each item with the cargo features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
