@@ -291,9 +291,10 @@ async fn a_batch_is_one_span_with_its_size_and_counts() {
     );
 }
 
-/// The targets of every span and event, as a `RUST_LOG` filter reads them.
+/// The targets of every span and event, as a `RUST_LOG` filter reads them, and each
+/// event's fields.
 #[derive(Clone, Default)]
-struct Targets(Arc<Mutex<Vec<String>>>);
+struct Targets(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<Fields>>>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Targets {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
@@ -304,6 +305,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Targets {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let target = event.metadata().target().to_owned();
         self.0.lock().unwrap().push(target);
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.1.lock().unwrap().push(fields);
     }
 }
 
@@ -326,12 +330,21 @@ async fn everything_is_reported_under_the_crates_name() {
     drop(guard);
     db.cleanup().await.unwrap();
 
+    let events = targets.1.lock().unwrap();
     let targets = targets.0.lock().unwrap();
     assert!(targets.len() >= 4, "spans and events: {targets:?}");
     assert!(
         targets.iter().all(|target| target == "diesel_inbox"),
         "{targets:?}"
     );
+    // One event at the end of each delivery carries its outcome, for subscribers that
+    // show no span closes.
+    let outcomes: Vec<&str> = events
+        .iter()
+        .filter(|fields| fields.get("message").map(String::as_str) == Some("delivery finished"))
+        .map(|fields| fields["inbox.outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes, ["processed", "duplicate", "processed"]);
 }
 
 /// With the `metrics` feature, each delivery counts once under its consumer and outcome,

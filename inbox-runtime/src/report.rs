@@ -69,8 +69,16 @@ pub(crate) fn finished_batch(
     per_message: impl Iterator<Item = &'static str>,
     elapsed: Duration,
 ) {
-    span.record("inbox.duration_ms", elapsed.as_secs_f64() * 1e3);
+    let duration_ms = elapsed.as_secs_f64() * 1e3;
+    span.record("inbox.duration_ms", duration_ms);
     span.record("inbox.outcome", outcome);
+    // The outcome as an event of its own, for subscribers that show no span closes.
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        { inbox.outcome = outcome, inbox.duration_ms = duration_ms },
+        "delivery finished"
+    );
     #[cfg(feature = "metrics")]
     for message_outcome in per_message {
         crate::metrics::record(handler.consumer, message_outcome, elapsed);
