@@ -60,11 +60,17 @@ pub trait TestDb: Clone + Send + Sync + 'static {
     }
 }
 
-/// Reads the URL of a server suite, or says once why the suite is skipped.
+/// Reads the URL of a server suite, or says once why the suite is skipped. Under CI
+/// (`CI` set), where every server runs, a missing URL fails the test instead.
 pub fn server_url(variable: &str, example: &str) -> Option<String> {
     static SAID: std::sync::Once = std::sync::Once::new();
     match std::env::var(variable) {
         Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!(
+                "{variable} is not set, and CI runs every suite (for example {variable}={example})"
+            )
+        }
         _ => {
             // Straight to stderr: libtest captures `eprintln!` of passing tests.
             SAID.call_once(|| {
