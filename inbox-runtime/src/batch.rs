@@ -77,7 +77,9 @@ impl<T> BatchOutcome<T> {
 
 /// A message of the batch whose key cannot be stored. The whole batch is rejected before
 /// anything is written, so that the caller can set that message aside (dead-letter it)
-/// and deliver the others again.
+/// and deliver the others again. With several such keys it names the first that cannot
+/// be encoded (empty, too long), else the first the backend cannot store (a NUL on
+/// PostgreSQL); delivering the others again names the next.
 ///
 /// Reaches the handler's caller wrapped in [`diesel::result::Error::SerializationError`]
 /// (classified `Permanent`); [`InvalidBatchKey::find`] takes it out.
@@ -167,7 +169,7 @@ pub fn batch_messages<M, A: BatchParameter<M> + ?Sized>(messages: &A) -> &[M] {
     messages.messages()
 }
 
-/// Encodes the key of each message, in order; the first that cannot be stored rejects
+/// Encodes the key of each message, in order; the first that cannot be encoded rejects
 /// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here.
 #[doc(hidden)]
 pub fn batch_keys<M>(

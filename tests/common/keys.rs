@@ -140,11 +140,15 @@ where
     assert_stored(conn, storage, "credit", &stored).await;
 
     let batch = batch_credit(conn, &credits).await;
-    match credits
-        .iter()
-        .enumerate()
-        .find_map(|(index, credit)| Some((index, refusal(storage, &credit.message_id)?)))
-    {
+    // The first key that cannot be encoded, else the first the backend cannot store.
+    let first_refused = |refused: &dyn Fn(&InvalidKey) -> bool| {
+        credits.iter().enumerate().find_map(|(index, credit)| {
+            let reason = refusal(storage, &credit.message_id)?;
+            refused(&reason).then_some((index, reason))
+        })
+    };
+    let unencodable = |reason: &InvalidKey| !matches!(reason, InvalidKey::Nul { .. });
+    match first_refused(&unencodable).or_else(|| first_refused(&|_| true)) {
         Some((index, reason)) => {
             let error = batch.expect_err("the batch is refused");
             assert_eq!(
