@@ -34,6 +34,17 @@ fn server_url(variable: &str) -> Option<String> {
     url
 }
 
+/// A channel of `connection` in confirm mode, which `Queues::settle` needs for its
+/// copies.
+async fn confirming_channel(connection: &Connection) -> Channel {
+    let channel = connection.create_channel().await.expect("open a channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    channel
+}
+
 struct Broker {
     connection: Connection,
     channel: Channel,
@@ -46,11 +57,7 @@ async fn broker(test: &str) -> Option<Broker> {
     let connection = diesel_inbox::lapin::connect(&url)
         .await
         .expect("connect to RabbitMQ");
-    let channel = connection.create_channel().await.expect("open a channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    let channel = confirming_channel(&connection).await;
     let queues = Queues::new(format!("inbox-test.{test}.{}", std::process::id()))
         .with_retry_delay(Duration::from_millis(200));
     // A run that panicked left its queues behind.
@@ -438,11 +445,7 @@ async fn a_full_dead_letter_queue_loses_nothing() {
         return;
     };
     let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    let channel = confirming_channel(&connection).await;
     let queues = Queues::new(format!(
         "inbox-test.dead-letter-full.{}",
         std::process::id()
@@ -525,11 +528,7 @@ async fn a_channel_closed_before_the_settle_loses_nothing() {
         return;
     };
     broker.publish(Some("m-1"), b"payload").await;
-    let channel = broker.connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    let channel = confirming_channel(&broker.connection).await;
     let delivery = channel
         .basic_get(broker.queues.work(), BasicGetOptions::default())
         .await

@@ -141,14 +141,15 @@ where
 
     let batch = batch_credit(conn, &credits).await;
     // The first key that cannot be encoded, else the first the backend cannot store.
-    let first_refused = |refused: &dyn Fn(&InvalidKey) -> bool| {
-        credits.iter().enumerate().find_map(|(index, credit)| {
-            let reason = refusal(storage, &credit.message_id)?;
-            refused(&reason).then_some((index, reason))
-        })
-    };
-    let unencodable = |reason: &InvalidKey| !matches!(reason, InvalidKey::Nul { .. });
-    match first_refused(&unencodable).or_else(|| first_refused(&|_| true)) {
+    let refused: Vec<(usize, InvalidKey)> = credits
+        .iter()
+        .enumerate()
+        .filter_map(|(index, credit)| Some((index, refusal(storage, &credit.message_id)?)))
+        .collect();
+    let unencodable = refused
+        .iter()
+        .find(|(_, reason)| !matches!(reason, InvalidKey::Nul { .. }));
+    match unencodable.or(refused.first()).cloned() {
         Some((index, reason)) => {
             let error = batch.expect_err("the batch is refused");
             assert_eq!(

@@ -17,7 +17,7 @@ use diesel_inbox::lapin::{Queues, Settled, message_key};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{Disposition, InboxBackend, RetryPolicy, idempotent, retry};
 use futures_util::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -294,11 +294,7 @@ async fn consume<C>(
 {
     let url = server_url("AMQP_URL").expect("AMQP_URL");
     let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    let channel = super::confirming_channel(&connection).await;
     channel
         .basic_qos(2, BasicQosOptions::default())
         .await

@@ -21,7 +21,8 @@
 //! queue-wide TTL, and a delay waits in the queue of the next one up on a fixed ladder
 //! (100 ms, 250 ms, 500 ms, 1 s, then each a tenth and a second longer than the last, up
 //! to a day): a retry after *d* comes back after at most *d* plus a tenth plus a second,
-//! whatever else is waiting. A retry queue is declared when a retry first needs it.
+//! whatever else is waiting. Each retry declares (idempotently) the retry queue it waits
+//! in, so only the delays retries have used have a queue.
 //! Delays beyond the ladder's top come back after about a day.
 //!
 //! Copies are published with `mandatory` on a channel in confirm mode, and the delivery is

@@ -27,7 +27,7 @@ use std::fmt;
 use std::time::Duration;
 
 use ::async_nats::HeaderMap;
-use ::async_nats::header::{HeaderName, IntoHeaderName as _, NATS_MESSAGE_ID};
+use ::async_nats::header::{IntoHeaderName, NATS_MESSAGE_ID};
 use ::async_nats::jetstream::{AckKind, Message};
 
 use super::MissingKey;
@@ -89,18 +89,14 @@ impl fmt::Display for MessageKey<'_> {
 /// A message with neither (not delivered by a JetStream consumer) is [`MissingKey`]:
 /// dead-letter it.
 pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
-    let header = |name| header(message, name);
-    if let Some(id) = header(ORIGINAL_ID_HEADER.into_header_name()) {
+    if let Some(id) = header(message, ORIGINAL_ID_HEADER) {
         return Ok(MessageKey::MsgId(id));
     }
-    let copied =
-        header(STREAM_HEADER.into_header_name()).zip(header(SEQUENCE_HEADER.into_header_name()));
-    if let Some((stream, Ok(sequence))) =
-        copied.map(|(stream, sequence)| (stream, sequence.parse()))
-    {
+    let sequence = header(message, SEQUENCE_HEADER).map(str::parse);
+    if let (Some(stream), Some(Ok(sequence))) = (header(message, STREAM_HEADER), sequence) {
         return Ok(MessageKey::StreamSequence { stream, sequence });
     }
-    if let Some(id) = header(NATS_MESSAGE_ID) {
+    if let Some(id) = header(message, NATS_MESSAGE_ID) {
         return Ok(MessageKey::MsgId(id));
     }
     match message.info() {
@@ -115,7 +111,7 @@ pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
 }
 
 /// The value of `message`'s header `name`, unless it is missing or empty.
-fn header(message: &Message, name: HeaderName) -> Option<&str> {
+fn header(message: &Message, name: impl IntoHeaderName) -> Option<&str> {
     message
         .headers
         .as_ref()

@@ -8,12 +8,13 @@ use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Integer, Text};
-use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager as _};
+use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
 use crate::backend::queries::hex_digits;
+use crate::transaction::{Enclosing, enclosing_transaction};
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str =
@@ -32,7 +33,7 @@ const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
 const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
 
 impl ClaimStatements for Mysql {
-    /// The insert and its [`COMMIT`](commit_statement) in one round trip.
+    /// The insert and its [`COMMIT`](committed) in one round trip.
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
@@ -112,9 +113,8 @@ impl ClaimStatements for Mysql {
         .bind::<Text, _>(claim.key.consumer)
         .bind::<Integer, _>(seen_attempts)
         .execute(&mut *conn)
-        .await?;
-        commit_statement(conn).await?;
-        Ok(taken == 1)
+        .await;
+        committed(conn, taken.map(|rows| rows == 1)).await
     }
 
     async fn complete<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
@@ -122,9 +122,8 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
-        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key, token);
-        commit_statement(conn).await?;
-        updated
+        let updated = update_claim!(&mut *conn, &sql, key, token);
+        committed(conn, updated).await
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
@@ -139,9 +138,8 @@ impl ClaimStatements for Mysql {
         .bind::<Text, _>(claim.key.consumer)
         .bind::<Text, _>(claim.token)
         .execute(&mut *conn)
-        .await?;
-        commit_statement(conn).await?;
-        Ok(renewed == 1)
+        .await;
+        committed(conn, renewed.map(|rows| rows == 1)).await
     }
 
     async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
@@ -149,9 +147,8 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key, token);
-        commit_statement(conn).await?;
-        updated
+        let updated = update_claim!(&mut *conn, &sql, key, token);
+        committed(conn, updated).await
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
@@ -173,9 +170,8 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
-        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key);
-        commit_statement(conn).await?;
-        updated
+        let updated = update_claim!(&mut *conn, &sql, key);
+        committed(conn, updated).await
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
@@ -183,9 +179,8 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
-        let updated: QueryResult<bool> = update_claim!(&mut *conn, &sql, key);
-        commit_statement(conn).await?;
-        updated
+        let updated = update_claim!(&mut *conn, &sql, key);
+        committed(conn, updated).await
     }
 }
 
@@ -205,35 +200,31 @@ where
         .bind::<Text, _>(key.message_id)
         .bind::<Text, _>(key.consumer)
         .load::<ClaimRow>(&mut *conn)
-        .await?;
-    commit_statement(conn).await?;
-    Ok(rows.into_iter().next())
+        .await;
+    committed(conn, rows.map(|rows| rows.into_iter().next())).await
 }
 
-/// Whether `conn` is in no transaction that diesel knows of, where a claim statement (or
-/// an operator's) commits on its own. Inside a test transaction, or an operator's call
-/// inside the caller's transaction, it is part of that transaction instead.
+/// Whether `conn` is in no transaction, where a claim statement (or an operator's)
+/// commits on its own. Inside a test transaction, or an operator's call inside the
+/// caller's transaction, it is part of that transaction instead.
 fn outside_any_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
-    matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(None)
-    )
+    matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing))
 }
 
-/// Commits the statement before it where the session has autocommit off (a server's
-/// `autocommit = 0`, an `init_connect`, a body's `SET autocommit = 0`): there the
-/// statement opened a transaction that nobody would commit, and other deliveries would
-/// never see the claim, or its completion. With autocommit on there is no transaction,
+/// `statement`'s result, once what it did is committed. Where the session has autocommit
+/// off (a server's `autocommit = 0`, an `init_connect`, a body's `SET autocommit = 0`),
+/// the statement opened a transaction that nobody would commit, and other deliveries
+/// would never see the claim, or its completion. With autocommit on there is no transaction,
 /// and the `COMMIT` does nothing. Turning autocommit on for the delivery instead would
 /// have to be undone on every way out of it, a cancellation included, and claims nested
 /// on one connection would undo each other's.
-async fn commit_statement<C>(conn: &mut C) -> QueryResult<()>
+async fn committed<T, C>(conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
+    let result = statement?;
     if outside_any_transaction(conn) {
-        conn.batch_execute("COMMIT").await
-    } else {
-        Ok(())
+        conn.batch_execute("COMMIT").await?;
     }
+    Ok(result)
 }

@@ -383,10 +383,17 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    for _ in 0..LEASE_RENEWALS {
+    let mut renewals = 0;
+    loop {
         let used = sent.elapsed();
         if used < claim.lease / 2 {
             return Ok(());
+        }
+        if renewals == LEASE_RENEWALS {
+            let used_up = ClaimError::LeaseUsedUp {
+                attempt: claim.attempt,
+            };
+            return Err(Settled::Database(used_up.into()));
         }
         tracing::warn!(
             target: "diesel_inbox",
@@ -394,23 +401,12 @@ where
             "the claim took most of its lease to commit: renewing it before the body runs"
         );
         sent = Instant::now();
-        match claim.renew(conn).await {
-            Ok(()) => {}
-            Err(error) => {
-                return Err(match ClaimError::of(&error) {
-                    Some(ClaimError::Lost { .. }) => Settled::InProgress(None),
-                    _ => Settled::Database(error),
-                });
-            }
+        if let Err(error) = claim.renew(conn).await {
+            return Err(match ClaimError::of(&error) {
+                Some(ClaimError::Lost { .. }) => Settled::InProgress(None),
+                _ => Settled::Database(error),
+            });
         }
+        renewals += 1;
     }
-    if sent.elapsed() < claim.lease / 2 {
-        return Ok(());
-    }
-    Err(Settled::Database(
-        ClaimError::LeaseUsedUp {
-            attempt: claim.attempt,
-        }
-        .into(),
-    ))
 }
