@@ -557,3 +557,39 @@ async fn a_channel_closed_before_the_settle_loses_nothing() {
     assert!(broker.get(broker.queues.dead_letter()).await.is_none());
     broker.cleanup().await;
 }
+
+/// Consumers on channels of their own retry with a delay whose retry queue does not exist
+/// yet, all at once: each copy is stored, none refused while the queue is being created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retries_racing_to_create_their_queue_are_all_stored() {
+    let Some(broker) = broker("retry_race").await else {
+        return;
+    };
+    const CONSUMERS: usize = 8;
+    for n in 0..CONSUMERS {
+        broker.publish(Some(&format!("m-{n}")), b"payload").await;
+    }
+    let mut channels = Vec::new();
+    for _ in 0..CONSUMERS {
+        let channel = confirming_channel(&broker.connection).await;
+        let delivery = channel
+            .basic_get(broker.queues.work(), BasicGetOptions::default())
+            .await
+            .expect("basic.get")
+            .expect("a message");
+        channels.push((channel, delivery));
+    }
+    let retry = Disposition::Retry {
+        after: Some(Duration::from_millis(2_000)),
+    };
+    let settles = channels
+        .iter()
+        .map(|(channel, delivery)| broker.queues.settle(channel, delivery, &retry));
+    for settled in futures_util::future::join_all(settles).await {
+        assert!(
+            matches!(settled, Ok(Settled::Retried { .. })),
+            "{settled:?}"
+        );
+    }
+    broker.cleanup().await;
+}

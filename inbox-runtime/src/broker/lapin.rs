@@ -45,6 +45,13 @@ use super::MissingKey;
 use crate::disposition::Disposition;
 use crate::retention::Retention;
 
+/// Why a copy was not confirmed, when the broker refused it (a nack).
+const REFUSED: &str = "refused by the broker";
+
+/// Copies a retry queue refuses before the settle gives up: a queue being created by
+/// several consumers at once refuses the first few.
+const RETRY_QUEUE_REFUSALS: u32 = 5;
+
 /// The header that counts how often a message went through the retry queue.
 pub const RETRIES_HEADER: &str = "x-inbox-retries";
 /// The header that carries a dead-lettered message's reason.
@@ -347,8 +354,24 @@ impl Queues {
                     let properties = without_expiration(&delivery.properties).with_headers(headers);
                     self.declare_retry_queue(channel, tier).await?;
                     let queue = self.retry_queue_of(tier);
-                    self.publish_confirmed(channel, &queue, delivery, properties)
-                        .await?;
+                    // A quorum queue that consumers declared at the same instant refuses
+                    // copies until it is up; a refused copy was not stored, so sending
+                    // it again cannot make two.
+                    let mut refusals = 0;
+                    loop {
+                        match self
+                            .publish_confirmed(channel, &queue, delivery, properties.clone())
+                            .await
+                        {
+                            Err(SettleError::NotConfirmed { why: REFUSED, .. })
+                                if refusals < RETRY_QUEUE_REFUSALS =>
+                            {
+                                refusals += 1;
+                                tokio::time::sleep(Duration::from_millis(50) * refusals).await;
+                            }
+                            published => break published?,
+                        }
+                    }
                     Settled::Retried { retry, after: tier }
                 }
             }
@@ -397,7 +420,7 @@ impl Queues {
         let why = match confirmation {
             Confirmation::Ack(None) => return Ok(()),
             Confirmation::Ack(Some(_)) => "returned as unroutable: does the queue exist?",
-            Confirmation::Nack(_) => "refused by the broker",
+            Confirmation::Nack(_) => REFUSED,
             Confirmation::NotRequested => "the channel is not in confirm mode",
         };
         Err(SettleError::NotConfirmed {
