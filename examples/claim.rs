@@ -195,6 +195,7 @@ async fn run<C: TestConnection>(db: TestDatabase<C>) -> Result<(), BoxError> {
                             Disposition::DeadLetter { reason } => {
                                 return Err::<_, BoxError>(reason.into());
                             }
+                            other => return Err(format!("not handled: {other:?}").into()),
                         }
                     }
                 }

@@ -60,7 +60,7 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `postgres`, `mysql`, `sqlite` (all on by default) | the matching diesel-async backend |
+//! | `postgres`, `mysql`, `sqlite` | the matching diesel-async backend (none is on by default: name yours) |
 //! | `testing` | `testing`: a database of each test's own, with the inbox migrated |
 //! | `retry` | `retry`: runs a handler again, with backoff, while its error is retryable |
 //! | `pruner` | `Pruner`: prunes old markers in a background task |
@@ -90,9 +90,9 @@ pub use inbox_runtime::schema;
 pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     Claim, ClaimError, Classified, Classify, Disposition, ErrorClass, Fingerprint,
-    FingerprintMismatch, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, Retention,
-    SharedConsumers, check_consumers, class_of, classify, find_database_error, migrate, prune,
-    registered_handlers, retry_after_of,
+    FingerprintMismatch, InboxBackend, InboxError, InboxKey, InvalidKey, Outcome,
+    RegisteredHandler, Retention, SharedConsumers, check_consumers, class_of, classify,
+    find_database_error, migrate, prune, registered_handlers, retry_after_of,
 };
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::{ConnectionSource, Pace, Pruner, prune_paced};

@@ -850,8 +850,10 @@ async fn an_operators_release_is_seen_on_every_node() {
                 .await
                 .expect_err("exhausted");
             assert_eq!(
-                diesel_inbox::ClaimError::of(&refused),
-                Some(&diesel_inbox::ClaimError::AttemptsExhausted { attempts: 2 })
+                diesel_inbox::InboxError::find(&refused),
+                Some(&diesel_inbox::InboxError::Claim(
+                    diesel_inbox::ClaimError::AttemptsExhausted { attempts: 2 }
+                ))
             );
 
             node_1

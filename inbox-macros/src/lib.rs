@@ -8,7 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod args;
-mod batch;
+mod diagnostics;
 mod expand;
 mod validate;
 

@@ -20,7 +20,7 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection as _};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{
-    Claim, ClaimError, Disposition, ErrorClass, FingerprintMismatch, InboxBackend, Outcome, claims,
+    Claim, ClaimError, Disposition, ErrorClass, InboxBackend, InboxError, Outcome, claims,
     classify, idempotent,
 };
 use tokio::sync::Notify;
@@ -509,8 +509,8 @@ async fn outliving_the_lease_loses_the_claim<C: TestConnection>(db: TestDatabase
         .expect("the slow delivery")
         .expect_err("its claim was lost");
     assert_eq!(
-        ClaimError::of(lost.database()),
-        Some(&ClaimError::Lost { attempt: 1 })
+        InboxError::find(lost.database()),
+        Some(&InboxError::Claim(ClaimError::Lost { attempt: 1 }))
     );
     assert_eq!(classify(lost.database()), ErrorClass::Transient);
     assert_eq!((downstream.calls(), downstream.effects()), (2, 1));
@@ -583,8 +583,10 @@ async fn body_left_in_a_transaction<C: TestConnection>(db: TestDatabase<C>) {
         let left = leave_a_transaction_open(&mut conn, &downstream, &order, Some(how)).await;
         let error = left.expect_err("never Processed");
         assert_eq!(
-            ClaimError::of(error.database()),
-            Some(&ClaimError::TransactionLeftOpen { attempt: 1 }),
+            InboxError::find(error.database()),
+            Some(&InboxError::Claim(ClaimError::TransactionLeftOpen {
+                attempt: 1
+            })),
             "{how:?}"
         );
         assert_eq!(classify(error.database()), ErrorClass::ConnectionUnusable);
@@ -734,8 +736,8 @@ async fn a_stale_holder_never_settles_the_takers_claim<C: TestConnection>(db: Te
         stale_script.proceed.notify_one();
         let lost = stale.await.expect("the stale holder").expect_err("lost");
         assert_eq!(
-            ClaimError::of(lost.database()),
-            Some(&ClaimError::Lost { attempt: 1 }),
+            InboxError::find(lost.database()),
+            Some(&InboxError::Claim(ClaimError::Lost { attempt: 1 })),
             "renew: {renew}"
         );
         let mut conn = db.connect().await.expect("connect");
@@ -869,8 +871,10 @@ async fn attempts_are_limited<C: TestConnection>(db: TestDatabase<C>) {
         .await
         .expect_err("out of attempts");
     assert_eq!(
-        ClaimError::of(exhausted.database()),
-        Some(&ClaimError::AttemptsExhausted { attempts: 2 })
+        InboxError::find(exhausted.database()),
+        Some(&InboxError::Claim(ClaimError::AttemptsExhausted {
+            attempts: 2
+        }))
     );
     assert_eq!(classify(exhausted.database()), ErrorClass::Permanent);
     assert_eq!(downstream.calls(), calls, "the body did not run again");
@@ -920,8 +924,8 @@ async fn expired_claims_are_quarantined<C: TestConnection>(db: TestDatabase<C>) 
         .await
         .expect_err("quarantined");
     assert_eq!(
-        ClaimError::of(refused.database()),
-        Some(&ClaimError::Quarantined { attempts: 1 })
+        InboxError::find(refused.database()),
+        Some(&InboxError::Claim(ClaimError::Quarantined { attempts: 1 }))
     );
     assert_eq!(downstream.calls(), 1, "never called twice without a person");
     let refused = Err::<Outcome<u32>, _>(refused);
@@ -962,7 +966,9 @@ async fn fingerprints_tell_reuse_from_redelivery<C: TestConnection>(db: TestData
     let mismatch = deliver(&mut conn, &downstream, &reused, LONG_LEASE, &Script::run())
         .await
         .expect_err("another payload");
-    let found = FingerprintMismatch::of(mismatch.database()).expect("a fingerprint mismatch");
+    let Some(InboxError::FingerprintMismatch(found)) = InboxError::find(mismatch.database()) else {
+        panic!("a fingerprint mismatch: {mismatch}");
+    };
     assert_eq!(found.message_id, "fingerprinted");
     assert_eq!(classify(mismatch.database()), ErrorClass::Permanent);
     assert_eq!(
@@ -981,8 +987,8 @@ async fn a_lease_out_of_range_writes_nothing<C: TestConnection>(db: TestDatabase
             .await
             .expect_err("no such lease");
         assert_eq!(
-            ClaimError::of(refused.database()),
-            Some(&ClaimError::InvalidLease { lease })
+            InboxError::find(refused.database()),
+            Some(&InboxError::Claim(ClaimError::InvalidLease { lease }))
         );
         assert_eq!(classify(refused.database()), ErrorClass::Permanent);
     }
@@ -1065,7 +1071,13 @@ async fn fingerprints_in_transactional_mode<C: TestConnection>(db: TestDatabase<
         let mismatch = record(&mut conn, (key, "other payload"), read_first)
             .await
             .expect_err("another payload");
-        assert!(FingerprintMismatch::of(&mismatch).is_some(), "{mismatch}");
+        assert!(
+            matches!(
+                InboxError::find(&mismatch),
+                Some(InboxError::FingerprintMismatch(_))
+            ),
+            "{mismatch}"
+        );
         assert_eq!(classify(&mismatch), ErrorClass::Permanent);
     }
     let entries = select_i64(&mut conn, "SELECT COUNT(*) FROM ledger")

@@ -8,8 +8,8 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_inbox::testing::select_i64;
 use diesel_inbox::{
-    BatchOutcome, ErrorClass, InboxBackend, InvalidBatchKey, InvalidKey, Outcome, classify,
-    idempotent,
+    BatchOutcome, ErrorClass, InboxBackend, InboxError, InvalidBatchKey, InvalidKey, Outcome,
+    classify, idempotent,
 };
 use tokio::sync::Barrier;
 
@@ -404,11 +404,11 @@ pub async fn invalid_key_rejects_the_whole_batch<D: TestDb>(db: D) {
     batch[2].message_id.clear();
     let error = batch_credit(&mut conn, &batch).await.unwrap_err();
     assert_eq!(
-        InvalidBatchKey::find(&error),
-        Some(&InvalidBatchKey {
+        InboxError::find(&error),
+        Some(&InboxError::InvalidBatchKey(InvalidBatchKey {
             index: 2,
             reason: InvalidKey::Empty
-        })
+        }))
     );
     assert_eq!(classify(&error), ErrorClass::Permanent);
     assert!(

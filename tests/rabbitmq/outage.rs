@@ -348,6 +348,7 @@ async fn consume<C>(
                 tally.retried_deliveries.fetch_add(1, Ordering::Relaxed);
             }
             Settled::DeadLettered { reason } => tally.dead_letters.lock().unwrap().push(reason),
+            other => panic!("a settlement this test does not know: {other:?}"),
         }
     }
     let _ = channel.close(200, "done").await;

@@ -1,4 +1,4 @@
-//! MySQL and MariaDB: a database per test.
+//! MySQL's and MariaDB's test database: a database per test.
 
 use std::future::Future;
 
@@ -6,7 +6,7 @@ use diesel::QueryResult;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 
-use super::{TestConnection, TestDatabase, TestDatabaseError, place_name, sealed};
+use crate::backend::testing::{TestConnection, TestDatabaseError, sealed};
 
 /// The server to administer the database through, and the URL of the test's
 /// connections.
@@ -18,18 +18,14 @@ pub struct Database {
     database: String,
 }
 
-impl TestDatabase<AsyncMysqlConnection> {
-    /// Creates the database `inbox_test_<name>` on the server at `url` (a `mysql://`
-    /// URL, whose own database is only used to administer the test's), dropping a
-    /// leftover of an earlier run first, and migrates the inbox there.
-    pub async fn mysql(url: &str, name: &str) -> Result<Self, TestDatabaseError> {
-        let database = place_name(name)?;
-        let place = Database {
+impl Database {
+    /// The database `database` on the server at `url`.
+    pub(crate) fn on_server(url: &str, database: String) -> Result<Self, TestDatabaseError> {
+        Ok(Self {
             server_url: url.to_owned(),
             url: with_database(url, &database)?,
-            database: database.clone(),
-        };
-        Self::create(place, database).await
+            database,
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
 use crate::backend::queries::hex_digits;
-use crate::transaction::{Enclosing, enclosing_transaction};
+use crate::enclosing::{Enclosing, enclosing_transaction};
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str =

@@ -1,4 +1,4 @@
-//! PostgreSQL: a schema per test.
+//! PostgreSQL's test database: a schema per test.
 
 use std::future::Future;
 
@@ -6,7 +6,7 @@ use diesel::QueryResult;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
-use super::{TestConnection, TestDatabase, TestDatabaseError, place_name, sealed};
+use crate::backend::testing::{TestConnection, TestDatabaseError, sealed};
 
 /// The server to administer the schema through, and the URL of the test's connections.
 #[doc(hidden)]
@@ -17,18 +17,14 @@ pub struct Schema {
     schema: String,
 }
 
-impl TestDatabase<AsyncPgConnection> {
-    /// Creates the schema `inbox_test_<name>` on the server at `url` (a
-    /// `postgres://` or `postgresql://` URL), dropping a leftover of an earlier run
-    /// first, and migrates the inbox there.
-    pub async fn postgres(url: &str, name: &str) -> Result<Self, TestDatabaseError> {
-        let schema = place_name(name)?;
-        let place = Schema {
+impl Schema {
+    /// The schema `schema` on the server at `url`.
+    pub(crate) fn on_server(url: &str, schema: String) -> Result<Self, TestDatabaseError> {
+        Ok(Self {
             server_url: url.to_owned(),
             url: with_schema(url, &schema)?,
-            schema: schema.clone(),
-        };
-        Self::create(place, schema).await
+            schema,
+        })
     }
 }
 

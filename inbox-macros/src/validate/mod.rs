@@ -1,7 +1,7 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
-use proc_macro2::{Punct, Span, TokenStream, TokenTree};
-use quote::{ToTokens, quote};
+use proc_macro2::{Punct, TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
     Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
@@ -9,6 +9,9 @@ use syn::{
 };
 
 use crate::args::{ARGUMENTS, Argument, Arguments};
+use crate::diagnostics::{Errors, at, ungroup};
+
+pub(crate) mod batch;
 
 /// Longest consumer name, in bytes: the width of the inbox's `consumer` column.
 const CONSUMER_MAX_BYTES: usize = 200;
@@ -30,7 +33,7 @@ pub(crate) struct Handler {
     /// Where the generated code finds diesel-inbox: `::diesel_inbox` unless `crate = …`.
     pub(crate) krate: Path,
     /// `Some` for the batch form, `batch = <parameter>`.
-    pub(crate) batch: Option<crate::batch::Batch>,
+    pub(crate) batch: Option<batch::Batch>,
 }
 
 /// Claim mode's settings (`claim`, then `lease`, `max_attempts` and `takeover`).
@@ -52,27 +55,6 @@ pub(crate) struct Rejected {
     pub(crate) uses: Vec<Expr>,
 }
 
-/// Collects errors so that one build reports all of them.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub(crate) fn spanned(
-        &mut self,
-        tokens: impl quote::ToTokens,
-        message: impl std::fmt::Display,
-    ) {
-        self.push(syn::Error::new_spanned(tokens, message));
-    }
-}
-
 /// Removes any further `#[idempotent]` from the handler's attributes, with an error at
 /// each: the attribute receives the item with the attributes written after it.
 pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Error> {
@@ -92,7 +74,7 @@ pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Erro
         }
         !repeated
     });
-    errors.0
+    errors.into_error()
 }
 
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
@@ -172,9 +154,8 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         },
         &mut errors,
     );
-    let batch = batch.map(|messages| {
-        crate::batch::validate(&messages, key.as_ref(), &written, function, &mut errors)
-    });
+    let batch = batch
+        .map(|messages| batch::validate(&messages, key.as_ref(), &written, function, &mut errors));
     // A batch's key is a closure, which a rejected handler cannot name without types.
     let key_use = key.clone().filter(|_| batch.is_none());
     let uses = || {
@@ -226,7 +207,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
              from the trait method, or use a native `async fn` in the trait",
         );
         return Err(Rejected {
-            error: errors.0.expect("just recorded"),
+            error: errors.into_error().expect("just recorded"),
             uses: uses(),
         });
     }
@@ -261,7 +242,15 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     }
 
     let uses = uses();
-    match (errors.0, consumer, key, conn, result, krate, batch) {
+    match (
+        errors.into_error(),
+        consumer,
+        key,
+        conn,
+        result,
+        krate,
+        batch,
+    ) {
         (None, Some(consumer), Some(key), Some(conn), Some((ok, err)), Some(krate), batch) => {
             Ok(Handler {
                 consumer,
@@ -719,18 +708,6 @@ fn find_lifetime(tokens: TokenStream, name: &Ident) -> Option<TokenStream> {
     None
 }
 
-/// `krate` placed at `span`: tokens interpolated into `quote_spanned!` keep their own
-/// spans, and an error in a call is reported where the path of the called function is.
-pub(crate) fn at(krate: &Path, span: Span) -> TokenStream {
-    quote!(#krate)
-        .into_iter()
-        .map(|mut token| {
-            token.set_span(span);
-            token
-        })
-        .collect()
-}
-
 /// `expr` without the invisible groups that `macro_rules!` fragments (`$c:literal`,
 /// `$c:expr`) arrive in.
 fn ungroup_expr(mut expr: &Expr) -> &Expr {
@@ -738,15 +715,6 @@ fn ungroup_expr(mut expr: &Expr) -> &Expr {
         expr = &group.expr;
     }
     expr
-}
-
-/// `ty` without the invisible groups that `macro_rules!` fragments (`$t:ty`) and
-/// macro-generated signatures arrive in.
-pub(crate) fn ungroup(mut ty: &Type) -> &Type {
-    while let Type::Group(group) = ty {
-        ty = &group.elem;
-    }
-    ty
 }
 
 #[cfg(test)]

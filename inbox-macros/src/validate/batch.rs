@@ -1,14 +1,11 @@
-//! The batch form, `#[idempotent(consumer = "…", batch = msgs, key = |msg| msg.id)]`: the
-//! handler takes many messages, and its body runs once, in one transaction, over those
-//! that are new. Checked and expanded here; everything both forms share stays in
-//! `validate.rs` and `expand.rs`.
+//! Checking the batch form, `#[idempotent(consumer = "…", batch = msgs, key = |msg|
+//! msg.id)]`: the handler takes many messages, and its body runs once, in one
+//! transaction, over those that are new. Everything both forms share is checked in the
+//! parent module.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
-use syn::spanned::Spanned;
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, Path};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat};
 
-use crate::validate::{Errors, at};
+use crate::diagnostics::Errors;
 
 /// What the batch form adds to a handler that passed every check.
 pub(crate) struct Batch {
@@ -16,12 +13,11 @@ pub(crate) struct Batch {
     /// ones.
     pub(crate) messages: Ident,
     /// `key = |input| body`: the key of one message.
-    key_input: Pat,
-    key_body: Expr,
+    pub(crate) key_input: Pat,
+    pub(crate) key_body: Expr,
 }
 
-/// Arguments that do not combine with `batch`, and why. Claim mode's `claim` belongs
-/// here too once it exists: a batch has no lease per message.
+/// Arguments that do not combine with `batch`, and why.
 const NOT_WITH_BATCH: &[(&str, &str)] = &[
     (
         "fast_path",
@@ -106,68 +102,4 @@ fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> O
         errors.spanned(name, format!("`{name}` is not a parameter of this handler"));
     }
     parameter
-}
-
-/// The closure's parameter after the connection: the new messages, under the batch
-/// parameter's name.
-pub(crate) fn closure_parameter(batch: Option<&Batch>) -> Option<TokenStream> {
-    batch.map(|batch| {
-        let messages = &batch.messages;
-        quote!(, #messages)
-    })
-}
-
-/// The handler's statements from the keys on: the keys of all messages, checked before
-/// the transaction, then the call of `run_batch`, which returns the handler's result.
-pub(crate) fn expand_run(
-    batch: &Batch,
-    krate: &Path,
-    conn: &Ident,
-    borrow: &TokenStream,
-    registration: &Ident,
-    into_error: &TokenStream,
-    closure: &TokenStream,
-) -> TokenStream {
-    let Batch {
-        messages,
-        key_input,
-        key_body,
-    } = batch;
-    // Spanned at the parameter in the signature, so that one that is no batch is
-    // reported there, once.
-    let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
-    let messages_slice = {
-        let krate = at(krate, messages.span());
-        quote_spanned!(messages.span()=> #krate::__private::batch_messages(&#messages))
-    };
-    let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
-    // Spanned at the key, so that a key without `InboxKey` is reported there. The key is
-    // borrowed, as in the single form, so `|msg| msg.message_id` needs no `.clone()`.
-    let keys = {
-        let krate = at(krate, key_body.span());
-        quote_spanned!(key_body.span()=>
-            #krate::__private::batch_keys(#slice, |#key_input| {
-                #krate::InboxKey::encode(&(#key_body))
-            })
-        )
-    };
-    let run = {
-        let krate = at(krate, conn.span());
-        quote_spanned!(conn.span()=>
-            #krate::__private::outside_any_claim(#krate::__private::run_batch(
-                #borrow,
-                &#registration,
-                #slice,
-                #message_ids,
-                #into_error,
-                #closure,
-            ))
-            .await
-        )
-    };
-    quote! {
-        let #slice = #messages_slice;
-        let #message_ids = #keys;
-        #run
-    }
 }

@@ -1,4 +1,4 @@
-//! SQLite: a file per test, in a temporary directory of its own.
+//! SQLite's test database: a file per test, in a temporary directory of its own.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use tempfile::TempDir;
 
-use super::{TestConnection, TestDatabase, TestDatabaseError, place_name, sealed};
+use crate::backend::testing::{TestConnection, TestDatabaseError, sealed};
 
 /// The database file, and the directory that holds it with its WAL.
 #[doc(hidden)]
@@ -22,15 +22,9 @@ pub struct File {
     dir: Arc<TempDir>,
 }
 
-/// A second writer waits for the lock up to this long instead of failing at once with
-/// `SQLITE_BUSY`.
-const BUSY_TIMEOUT_MS: u32 = 10_000;
-
-impl TestDatabase<SyncConnectionWrapper<SqliteConnection>> {
-    /// Creates a database file for the test `name` in a new temporary directory, and
-    /// migrates the inbox there.
-    pub async fn sqlite(name: &str) -> Result<Self, TestDatabaseError> {
-        let name = place_name(name)?;
+impl File {
+    /// A new file for the test `name`, in a new temporary directory.
+    pub(crate) fn in_new_directory(name: &str) -> Result<Self, TestDatabaseError> {
         // A directory of its own: concurrent runs of the same test never meet.
         let dir = tempfile::Builder::new()
             .prefix(&format!("diesel-{name}-"))
@@ -39,13 +33,16 @@ impl TestDatabase<SyncConnectionWrapper<SqliteConnection>> {
         let path = path.to_str().ok_or_else(|| {
             TestDatabaseError::InvalidUrl(format!("{} is not UTF-8", path.display()))
         })?;
-        let place = File {
+        Ok(Self {
             path: path.to_owned(),
             dir: Arc::new(dir),
-        };
-        Self::create(place, name).await
+        })
     }
 }
+
+/// A second writer waits for the lock up to this long instead of failing at once with
+/// `SQLITE_BUSY`.
+const BUSY_TIMEOUT_MS: u32 = 10_000;
 
 impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
 

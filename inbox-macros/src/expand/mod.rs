@@ -14,7 +14,10 @@ use syn::{
     parse_quote_spanned,
 };
 
-use crate::validate::{ClaimSettings, Handler, at, ungroup};
+use crate::diagnostics::{at, ungroup};
+use crate::validate::{ClaimSettings, Handler};
+
+mod batch;
 
 pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let Handler {
@@ -53,7 +56,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
     // reject.
     let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
-    let messages = crate::batch::closure_parameter(batch.as_ref());
+    let messages = batch::closure_parameter(batch.as_ref());
     // Spanned at the declared return type: rustc's "this function returns a `Result`",
     // beside an error in the body such as `?` on an `Option`, then points there.
     let closure = quote_spanned!(result_span=>
@@ -120,7 +123,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // async connection, a supported backend) is reported there.
     let borrow = connection_borrow(&krate, &conn, connection_type(&function.sig, &conn));
     let run = if let Some(batch) = &batch {
-        crate::batch::expand_run(
+        batch::expand_run(
             batch,
             &krate,
             &conn,
