@@ -2,9 +2,9 @@
 //! hand-written "have I seen this message?" check, then with `#[idempotent]`.
 //!
 //! ```text
-//! cargo run --example quickstart --features testing                                      # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features testing # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features testing    # MySQL, MariaDB
+//! cargo run --example quickstart --features postgres,mysql,sqlite,testing  # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features postgres,mysql,sqlite,testing  # PostgreSQL
+//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features postgres,mysql,sqlite,testing  # MySQL, MariaDB
 //! ```
 //!
 //! The consumers are written as a service would be: a connection pool, `migrate` and

@@ -4,7 +4,7 @@
 //!
 //! `GALERA_URLS` names the three nodes (`scripts/galera.sh start` starts them on
 //! 127.0.0.1:3311–3313); `GALERA_MESSAGES` sets how many messages the races deliver
-//! (default 30; `.ci/run` keeps the default, the long run is in the README).
+//! (default 30; `.ci/run` keeps the default, the long run is in CONTRIBUTING.md).
 
 #![cfg(all(feature = "mysql", feature = "testing", feature = "retry"))]
 

@@ -136,7 +136,7 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
 
     assert_retried_in_every_shape(&cut_short).await;
 
-    // End to end: the README's retry loop, with the error shape, waits out the
+    // End to end: the guide's retry loop, with the error shape, waits out the
     // holder and then processes the message once.
     let runs = AtomicUsize::new(0);
     let policy = RetryPolicy::new()
@@ -258,7 +258,7 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
 }
 
 /// A connection that cannot be opened, and pools that cannot hand one out in time, are
-/// retried however they reach the pump: the README's retry loop takes its connection
+/// retried however they reach the pump: the guide's retry loop takes its connection
 /// inside the closure, so a pool's error is the run's error.
 pub async fn unreachable_databases_are_retried<C>(url: &str, unreachable_url: &str)
 where
@@ -322,7 +322,7 @@ where
     })
     .await;
 
-    // The README's loop, with the database down: each run is retried, none dead-lettered.
+    // The guide's retry loop, with the database down: each run is retried, none dead-lettered.
     let pool = deadpool(unreachable_url);
     let runs = AtomicUsize::new(0);
     let policy = RetryPolicy::new()

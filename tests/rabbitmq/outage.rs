@@ -280,7 +280,7 @@ where
 }
 
 /// One consumer of the service: a channel of its own, prefetch 2, each delivery run with
-/// the README's retry loop and settled through `Queues`.
+/// the guide's retry loop and settled through `Queues`.
 async fn consume<C>(
     queues: Queues,
     pool: deadpool::managed::Pool<AsyncDieselConnectionManager<C>>,
