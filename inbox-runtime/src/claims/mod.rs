@@ -1,37 +1,13 @@
-//! Claim mode: exactly-once intent for work that cannot roll back with a transaction,
-//! such as sending an e-mail, charging a card or calling a partner's API.
+//! Claim mode, `#[idempotent(…, claim)]`: exactly-once intent for work that cannot roll
+//! back with a transaction, such as sending an e-mail, charging a card or calling a
+//! partner's API. The marker commits as a claim with a lease before the body runs, and
+//! is completed after it; [the claim-mode guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/claim_mode/index.html) explains the
+//! protocol, the lease and what the downstream system must do.
 //!
-//! A transactional handler's marker commits with its writes, so a crash leaves neither.
-//! An external call has no such partner, so a claim-mode handler
-//! (`#[idempotent(…, claim)]`) works in three short steps instead, each its own
-//! statement and so its own transaction:
-//!
-//! 1. **Claim.** The marker is inserted as a claim: not completed, with a lease that
-//!    ends `lease` from now on the database's clock, attempt 1 and a fresh token. A
-//!    marker already there is read instead: completed, it is [`Outcome::Duplicate`];
-//!    held by a live claim, [`Outcome::InProgress`]; a claim whose lease has ended (its
-//!    holder crashed, or took too long) is taken over by a conditional update that
-//!    exactly one delivery wins, as attempt *n* + 1; a claim released by a failed body
-//!    is taken over the same way, at once.
-//! 2. **Body.** The body runs, outside any transaction. [`Claim::current`] gives it the
-//!    claim: the key, the attempt and the [`idempotency key`](Claim::idempotency_key)
-//!    to hand the downstream system.
-//! 3. **Complete or release.** `Ok` completes the claim, but only while this delivery's
-//!    token still holds it; `Err` releases it, so that the next delivery runs at once.
-//!
-//! A delivery that dies between 1 and 3 leaves its claim until the lease ends, and then
-//! the next delivery takes it over and calls again, with the same idempotency key. So
-//! claim mode gives exactly-once *intent*: the external effect happens once only if the
-//! downstream system deduplicates by the key it is handed, as payment providers do
-//! with their `Idempotency-Key`.
-//!
-//! The operator's side, for claims that nobody will finish by themselves (quarantined,
-//! out of attempts, or simply never redelivered): [`list_stale`], then
-//! [`complete_by_hand`] or [`release_by_hand`] once a person has reconciled the message
-//! with the downstream system.
-//!
-//! [`Outcome::Duplicate`]: crate::Outcome::Duplicate
-//! [`Outcome::InProgress`]: crate::Outcome::InProgress
+//! Here: [`Claim`], which the body reads, and the operator's side for claims nobody will
+//! finish by themselves: [`list_stale`], then [`complete_by_hand`] or
+//! [`release_by_hand`] once a person has reconciled the message with the downstream
+//! system.
 
 mod operator;
 mod protocol;

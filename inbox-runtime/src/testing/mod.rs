@@ -6,6 +6,8 @@ use std::future::Future;
 
 use diesel::QueryResult;
 
+// Only the backends' constructors name a place.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::backend::testing::place_name;
 pub use crate::backend::testing::{TestConnection, TestDatabaseError};
 
