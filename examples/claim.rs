@@ -4,9 +4,9 @@
 //! delivery that takes its claim over after the lease calls again with the same key.
 //!
 //! ```text
-//! cargo run --example claim --features testing                                       # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example claim --features testing  # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example claim --features testing     # MySQL, MariaDB
+//! cargo run --example claim --features postgres,mysql,sqlite,testing   # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example claim --features postgres,mysql,sqlite,testing
+//! DATABASE_URL=mysql://user@host/db cargo run --example claim --features postgres,mysql,sqlite,testing
 //! ```
 //!
 //! Each run works in a scratch schema, database or file made by `diesel_inbox::testing`,

@@ -3,7 +3,7 @@
 //! not run. With a broker:
 //!
 //! ```text
-//! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run --example kafka --features kafka
+//! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run --example kafka --features kafka,postgres
 //! ```
 //!
 //! It reads partition 0 of the topic `credits`, records with a JSON body

@@ -2,9 +2,9 @@
 //! hand-written "have I seen this message?" check, then with `#[idempotent]`.
 //!
 //! ```text
-//! cargo run --example quickstart --features testing                                      # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features testing # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features testing    # MySQL, MariaDB
+//! cargo run --example quickstart --features sqlite,testing   # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features sqlite,testing,postgres
+//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features sqlite,testing,mysql
 //! ```
 //!
 //! The consumers are written as a service would be: a connection pool, `migrate` and
@@ -450,24 +450,89 @@ fn sqlite_setup() -> ManagerConfig<SqliteConn> {
     config
 }
 
+/// Where the demo runs: the embedded SQLite, or the server `DATABASE_URL` names, whose
+/// backend's feature the build must have.
+enum Place {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    #[cfg(feature = "mysql")]
+    Mysql(String),
+}
+
+impl Place {
+    fn from_env() -> Result<Self, BoxError> {
+        let url = std::env::var("DATABASE_URL").unwrap_or_default();
+        match url.split("://").next() {
+            _ if url.is_empty() => Ok(Self::Sqlite),
+            #[cfg(feature = "postgres")]
+            Some("postgres" | "postgresql") => Ok(Self::Postgres(url)),
+            #[cfg(not(feature = "postgres"))]
+            Some("postgres" | "postgresql") => Err(feature_off("PostgreSQL", "postgres")),
+            #[cfg(feature = "mysql")]
+            Some("mysql") => Ok(Self::Mysql(url)),
+            #[cfg(not(feature = "mysql"))]
+            Some("mysql") => Err(feature_off("MySQL", "mysql")),
+            _ => Err(
+                "DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into(),
+            ),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Sqlite => "SQLite, a temporary file",
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "PostgreSQL, a scratch schema",
+            #[cfg(feature = "mysql")]
+            Self::Mysql(_) => "MySQL, a scratch database",
+        }
+    }
+
+    /// Runs `handler`'s race in a scratch place named `name`.
+    async fn race(
+        &self,
+        name: &str,
+        handler: Handler,
+        stream: &[CreditRequested],
+    ) -> Result<Run, BoxError> {
+        match self {
+            Self::Sqlite => {
+                let db = TestDatabase::sqlite(name).await?;
+                race_in(db, sqlite_setup(), handler, stream).await
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(url) => {
+                let db = TestDatabase::postgres(url, name).await?;
+                race_in(db, ManagerConfig::default(), handler, stream).await
+            }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(url) => {
+                let db = TestDatabase::mysql(url, name).await?;
+                race_in(db, ManagerConfig::default(), handler, stream).await
+            }
+        }
+    }
+}
+
+/// Why `DATABASE_URL` names a server this build cannot reach.
+#[cfg(any(not(feature = "postgres"), not(feature = "mysql")))]
+fn feature_off(server: &str, feature: &str) -> BoxError {
+    format!(
+        "DATABASE_URL names a {server} server, but the example was built without the \
+         `{feature}` feature: run it with `--features sqlite,testing,{feature}`"
+    )
+    .into()
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // Before consuming anything: two handlers sharing a consumer name would suppress
     // each other's messages.
     diesel_inbox::check_consumers()?;
-    let url = std::env::var("DATABASE_URL").unwrap_or_default();
+    let place = Place::from_env()?;
     let stream = delivery_stream();
-    let backend = match url.split("://").next() {
-        _ if url.is_empty() => "SQLite, a temporary file",
-        Some("postgres" | "postgresql") => "PostgreSQL, a scratch schema",
-        Some("mysql") => "MySQL, a scratch database",
-        _ => {
-            return Err(
-                "DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into(),
-            );
-        }
-    };
-    println!("diesel-inbox quickstart on {backend}");
+    println!("diesel-inbox quickstart on {}", place.describe());
     println!(
         "{MESSAGES} credit messages, {} deliveries (2-4 copies each), {CONSUMERS} consumers \
          on a pool of {CONSUMERS} connections\n",
@@ -478,17 +543,7 @@ async fn main() -> Result<(), BoxError> {
     for handler in [Handler::Naive, Handler::Idempotent] {
         // The pid keeps two runs at the same time apart.
         let name = format!("quickstart_{}_{handler:?}", std::process::id()).to_lowercase();
-        let run = if url.is_empty() {
-            let db = TestDatabase::sqlite(&name).await?;
-            race_in(db, sqlite_setup(), handler, &stream).await?
-        } else if url.starts_with("mysql") {
-            let db = TestDatabase::mysql(&url, &name).await?;
-            race_in(db, ManagerConfig::default(), handler, &stream).await?
-        } else {
-            let db = TestDatabase::postgres(&url, &name).await?;
-            race_in(db, ManagerConfig::default(), handler, &stream).await?
-        };
-        runs.push(run);
+        runs.push(place.race(&name, handler, &stream).await?);
     }
 
     println!(

@@ -6,8 +6,6 @@
 //! 127.0.0.1:3311–3313); `GALERA_MESSAGES` sets how many messages the races deliver
 //! (default 30; `.ci/run` keeps the default, the long run is in the README).
 
-#![cfg(all(feature = "mysql", feature = "testing", feature = "retry"))]
-
 mod common;
 
 use std::sync::Arc;

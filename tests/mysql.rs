@@ -1,7 +1,5 @@
 //! The MySQL/MariaDB suite: a database per test on the server named by `MYSQL_URL`.
 
-#![cfg(all(feature = "mysql", feature = "testing"))]
-
 mod common;
 
 use std::sync::Arc;

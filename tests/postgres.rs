@@ -1,7 +1,5 @@
 //! The PostgreSQL suite: a schema per test on the server named by `POSTGRES_URL`.
 
-#![cfg(all(feature = "postgres", feature = "testing"))]
-
 mod common;
 
 use std::time::Duration;

@@ -1,7 +1,5 @@
 //! The SQLite suite: a database file per test, WAL, several connections.
 
-#![cfg(all(feature = "sqlite", feature = "testing"))]
-
 mod common;
 
 use diesel::result::Error;

@@ -4,13 +4,6 @@
 //! Each scenario runs on every backend whose server is configured, in a place of its
 //! own made by `diesel_inbox::testing`.
 
-#![cfg(all(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "testing"
-))]
-
 use std::sync::Arc;
 use std::time::Duration;
 
