@@ -15,6 +15,7 @@ use crate::key::InvalidKey;
 /// handler's own error type that wraps the diesel error):
 ///
 /// ```
+/// # use inbox_runtime as diesel_inbox;
 /// use diesel_inbox::{ClaimError, InboxError, InvalidKey};
 ///
 /// fn explain(error: &diesel::result::Error) -> &'static str {

@@ -108,6 +108,7 @@ where
         .map(|key| Credit {
             message_id: key.clone(),
             account: 0,
+            amount: 1,
         })
         .collect();
     let mut stored = BTreeSet::new();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 
-use crate::reference::{REFERENCE_CONSUMER, output, threads};
+use super::client::{REFERENCE_CONSUMER, output, threads};
 use crate::variant::Script;
 use crate::workload::ACCOUNTS;
 

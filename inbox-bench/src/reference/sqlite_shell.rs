@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
 
-use crate::reference::REFERENCE_CONSUMER;
+use super::client::REFERENCE_CONSUMER;
 use crate::variant::Script;
 use crate::workload::ACCOUNTS;
 

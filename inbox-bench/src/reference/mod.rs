@@ -7,17 +7,16 @@
 //! Each client works on the run's own tables, one client per consumer, each on its own
 //! connection, the same deliveries split evenly among them.
 
+mod client;
+mod mariadb_slap;
+mod pgbench;
+mod sqlite_shell;
+
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow};
-
 use crate::backend::Backend;
 use crate::variant::{Script, Variant, reference_client};
-use crate::{mariadb_slap, pgbench, sqlite_shell};
-
-/// The marker's consumer in every reference script.
-pub const REFERENCE_CONSUMER: &str = "c-client-reference";
 
 /// A backend's reference client, found on PATH.
 #[derive(Debug, Clone)]
@@ -76,23 +75,4 @@ impl ReferenceClient {
             Backend::Sqlite => sqlite_shell::run(place, script, clients, transactions).await,
         }
     }
-}
-
-/// Runs `command` on a blocking thread, and returns its standard output once it
-/// succeeded.
-pub async fn output(mut command: Command) -> anyhow::Result<String> {
-    let program = command.get_program().to_string_lossy().into_owned();
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await?
-        .with_context(|| format!("start {program}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        return Err(anyhow!(stderr)).context(format!("{program} failed ({})", output.status));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// The clients' threads: more than cores would only add their own context switches.
-pub fn threads(clients: usize) -> usize {
-    clients.min(std::thread::available_parallelism().map_or(1, usize::from))
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 
-use crate::reference::{REFERENCE_CONSUMER, output};
+use super::client::{REFERENCE_CONSUMER, output};
 use crate::variant::Script;
 use crate::workload::ACCOUNTS;
 
