@@ -4,9 +4,9 @@
 //! delivery that takes its claim over after the lease calls again with the same key.
 //!
 //! ```text
-//! cargo run --example claim --features testing                                       # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example claim --features testing  # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example claim --features testing     # MySQL, MariaDB
+//! cargo run --example claim --features postgres,mysql,sqlite,testing  # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example claim --features postgres,mysql,sqlite,testing  # PostgreSQL
+//! DATABASE_URL=mysql://user@host/db cargo run --example claim --features postgres,mysql,sqlite,testing  # MySQL, MariaDB
 //! ```
 //!
 //! Each run works in a scratch schema, database or file made by `diesel_inbox::testing`,
@@ -195,6 +195,7 @@ async fn run<C: TestConnection>(db: TestDatabase<C>) -> Result<(), BoxError> {
                             Disposition::DeadLetter { reason } => {
                                 return Err::<_, BoxError>(reason.into());
                             }
+                            other => return Err(format!("not handled: {other:?}").into()),
                         }
                     }
                 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=127.0.0.1:4222 \
-//!     cargo run --example nats --features nats
+//!     cargo run --example nats --features nats,postgres
 //! ```
 //!
 //! It consumes the stream `CREDITS` (subject `credits.requested`; `STREAM` to change the

@@ -2,9 +2,9 @@
 //! hand-written "have I seen this message?" check, then with `#[idempotent]`.
 //!
 //! ```text
-//! cargo run --example quickstart --features testing                                      # embedded SQLite
-//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features testing # PostgreSQL
-//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features testing    # MySQL, MariaDB
+//! cargo run --example quickstart --features sqlite,testing   # embedded SQLite
+//! DATABASE_URL=postgres://user@host/db cargo run --example quickstart --features sqlite,testing,postgres
+//! DATABASE_URL=mysql://user@host/db cargo run --example quickstart --features sqlite,testing,mysql
 //! ```
 //!
 //! The consumers are written as a service would be: a connection pool, `migrate` and
@@ -13,6 +13,12 @@
 //! database (MySQL) or file (SQLite) of its own, made by `diesel_inbox::testing` and
 //! dropped at the end, because the inbox table is always called `inbox` and the demo must
 //! not mix its markers with yours. A service builds its pool from `DATABASE_URL` itself.
+//!
+//! The demo's schema and message come from the workspace's test fixtures
+//! (`tests/support`), which its tests and benchmark share: the tables
+//! `accounts (id, balance)` and `naive_inbox (message_id, consumer)`, the latter with a
+//! plain index and no unique one, and `Credit { message_id, account, amount }`. The
+//! handlers, and every statement they send, are here.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -30,6 +36,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::testing::{TestConnection, TestDatabase};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
+use inbox_fixtures::credit::{CreditTables, accounts, naive_inbox};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
@@ -45,35 +52,9 @@ const MAX_ATTEMPTS: u32 = 10;
 /// computation). It is what keeps the naive handler's check-then-act window open.
 const HANDLER_WORK: Duration = Duration::from_millis(2);
 
-diesel::table! {
-    accounts (id) {
-        id -> BigInt,
-        balance -> BigInt,
-    }
-}
-
-diesel::table! {
-    /// The naive handler's record of seen messages. diesel needs a key to name; the
-    /// database has no unique index, which is the naive handler's mistake.
-    naive_inbox (message_id, consumer) {
-        message_id -> Text,
-        consumer -> Text,
-    }
-}
-
-/// The schema a service would ship as a diesel migration, beside the inbox's.
-const CREATE_TABLES: &str = "
-    CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
-    CREATE TABLE naive_inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(255) NOT NULL);
-";
-
-/// The message every delivery carries: credit one account by `amount`.
-#[derive(Debug, Clone, Copy)]
-struct CreditRequested {
-    id: Uuid,
-    account_id: i64,
-    amount: i64,
-}
+/// The message every delivery carries: credit one account by `amount`, once per
+/// `message_id`.
+type CreditRequested = inbox_fixtures::credit::Credit<Uuid>;
 
 /// The service's error type: what a handler or the consumer loop can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -132,23 +113,13 @@ fn naive_record(message_id: String, consumer: &'static str) -> _ {
     ))
 }
 
-#[diesel::dsl::auto_type]
-fn open_account(id: i64, balance: i64) -> _ {
-    insert_into(accounts::table).values((accounts::id.eq(id), accounts::balance.eq(balance)))
-}
-
-#[diesel::dsl::auto_type]
-fn all_balances() -> _ {
-    accounts::table.select(accounts::balance)
-}
-
 async fn apply_credit<C>(conn: &mut C, msg: &CreditRequested) -> Result<(), AppError>
 where
     C: AsyncConnection,
     credit_account: ExecuteDsl<C>,
 {
     tokio::time::sleep(HANDLER_WORK).await;
-    credit_account(msg.account_id, msg.amount)
+    credit_account(msg.account, msg.amount)
         .execute(conn)
         .await?;
     Ok(())
@@ -156,7 +127,7 @@ where
 
 /// With diesel-inbox: the marker row and the credit commit in one transaction, and the
 /// inbox's unique index lets exactly one of any number of concurrent copies through.
-#[idempotent(consumer = "credit", key = msg.id)]
+#[idempotent(consumer = "credit", key = msg.message_id)]
 async fn credit<C>(conn: &mut C, msg: &CreditRequested) -> Result<(), AppError>
 where
     C: AsyncConnection,
@@ -177,7 +148,7 @@ where
     naive_seen: LoadQuery<'static, C, bool>,
     naive_record: ExecuteDsl<C>,
 {
-    if naive_seen(msg.id.to_string(), NAIVE_CONSUMER)
+    if naive_seen(msg.message_id.to_string(), NAIVE_CONSUMER)
         .get_result(conn)
         .await?
     {
@@ -185,7 +156,7 @@ where
     }
     conn.transaction::<_, AppError, _>(async |conn| {
         apply_credit(conn, msg).await?;
-        naive_record(msg.id.to_string(), NAIVE_CONSUMER)
+        naive_record(msg.message_id.to_string(), NAIVE_CONSUMER)
             .execute(conn)
             .await?;
         Ok(())
@@ -248,8 +219,8 @@ fn delivery_stream() -> Vec<CreditRequested> {
     let mut slotted = Vec::new();
     for n in 0..MESSAGES {
         let message = CreditRequested {
-            id: Uuid::from_u64_pair(0x0123_4567_89ab_cdef, n),
-            account_id: 1 + (n % ACCOUNTS as u64) as i64,
+            message_id: Uuid::from_u64_pair(0x0123_4567_89ab_cdef, n),
+            account: (n % ACCOUNTS as u64) as i64,
             amount: 1,
         };
         let copies = 2 + rng.below(3);
@@ -316,7 +287,9 @@ where
             Err(error) => Err(error.into()),
         };
         match outcome {
-            Ok(Outcome::Processed(())) => *tally.committed.entry(message.id).or_default() += 1,
+            Ok(Outcome::Processed(())) => {
+                *tally.committed.entry(message.message_id).or_default() += 1
+            }
             Ok(Outcome::Duplicate) => {}
             // Only claim-mode handlers answer this: another delivery holds the message.
             Ok(Outcome::InProgress { .. }) => queue.lock().await.push_back(Delivery {
@@ -333,7 +306,7 @@ where
                 }
                 class => tally.dead_letters.push(format!(
                     "a delivery of {} ({class:?} error, attempt {}): {error}",
-                    message.id, delivery.attempt
+                    message.message_id, delivery.attempt
                 )),
             },
         }
@@ -397,16 +370,12 @@ where
     credit_account: ExecuteDsl<C>,
     naive_seen: LoadQuery<'static, C, bool>,
     naive_record: ExecuteDsl<C>,
-    open_account: ExecuteDsl<C>,
-    all_balances: LoadQuery<'static, C, i64>,
+    C: CreditTables,
 {
     {
         let mut conn = pool.get().await?;
         diesel_inbox::migrate(&mut *conn).await?;
-        conn.batch_execute(CREATE_TABLES).await?;
-        for id in 1..=ACCOUNTS {
-            open_account(id, 0).execute(&mut *conn).await?;
-        }
+        conn.create_credit_tables(ACCOUNTS).await?;
     }
     let queue = stream
         .iter()
@@ -423,12 +392,16 @@ where
     for consumer in consumers {
         tally.merge(consumer.await?);
     }
-    let balances: Vec<i64> = all_balances().load(&mut *pool.get().await?).await?;
+    let balances = pool.get().await?.balances().await?;
     Ok(Run {
         handler,
         deliveries: stream.len(),
         applied: balances.iter().sum(),
-        expected: stream.iter().map(|m| m.id).collect::<HashSet<_>>().len(),
+        expected: stream
+            .iter()
+            .map(|m| m.message_id)
+            .collect::<HashSet<_>>()
+            .len(),
         tally,
     })
 }
@@ -447,8 +420,7 @@ where
     credit_account: ExecuteDsl<C>,
     naive_seen: LoadQuery<'static, C, bool>,
     naive_record: ExecuteDsl<C>,
-    open_account: ExecuteDsl<C>,
-    all_balances: LoadQuery<'static, C, i64>,
+    C: CreditTables,
 {
     let manager = AsyncDieselConnectionManager::new_with_config(db.url(), config);
     let pool = Pool::builder(manager).max_size(CONSUMERS).build()?;
@@ -478,24 +450,89 @@ fn sqlite_setup() -> ManagerConfig<SqliteConn> {
     config
 }
 
+/// Where the demo runs: the embedded SQLite, or the server `DATABASE_URL` names, whose
+/// backend's feature the build must have.
+enum Place {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    #[cfg(feature = "mysql")]
+    Mysql(String),
+}
+
+impl Place {
+    fn from_env() -> Result<Self, BoxError> {
+        let url = std::env::var("DATABASE_URL").unwrap_or_default();
+        match url.split("://").next() {
+            _ if url.is_empty() => Ok(Self::Sqlite),
+            #[cfg(feature = "postgres")]
+            Some("postgres" | "postgresql") => Ok(Self::Postgres(url)),
+            #[cfg(not(feature = "postgres"))]
+            Some("postgres" | "postgresql") => Err(feature_off("PostgreSQL", "postgres")),
+            #[cfg(feature = "mysql")]
+            Some("mysql") => Ok(Self::Mysql(url)),
+            #[cfg(not(feature = "mysql"))]
+            Some("mysql") => Err(feature_off("MySQL", "mysql")),
+            _ => Err(
+                "DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into(),
+            ),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Sqlite => "SQLite, a temporary file",
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "PostgreSQL, a scratch schema",
+            #[cfg(feature = "mysql")]
+            Self::Mysql(_) => "MySQL, a scratch database",
+        }
+    }
+
+    /// Runs `handler`'s race in a scratch place named `name`.
+    async fn race(
+        &self,
+        name: &str,
+        handler: Handler,
+        stream: &[CreditRequested],
+    ) -> Result<Run, BoxError> {
+        match self {
+            Self::Sqlite => {
+                let db = TestDatabase::sqlite(name).await?;
+                race_in(db, sqlite_setup(), handler, stream).await
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(url) => {
+                let db = TestDatabase::postgres(url, name).await?;
+                race_in(db, ManagerConfig::default(), handler, stream).await
+            }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(url) => {
+                let db = TestDatabase::mysql(url, name).await?;
+                race_in(db, ManagerConfig::default(), handler, stream).await
+            }
+        }
+    }
+}
+
+/// Why `DATABASE_URL` names a server this build cannot reach.
+#[cfg(any(not(feature = "postgres"), not(feature = "mysql")))]
+fn feature_off(server: &str, feature: &str) -> BoxError {
+    format!(
+        "DATABASE_URL names a {server} server, but the example was built without the \
+         `{feature}` feature: run it with `--features sqlite,testing,{feature}`"
+    )
+    .into()
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // Before consuming anything: two handlers sharing a consumer name would suppress
     // each other's messages.
     diesel_inbox::check_consumers()?;
-    let url = std::env::var("DATABASE_URL").unwrap_or_default();
+    let place = Place::from_env()?;
     let stream = delivery_stream();
-    let backend = match url.split("://").next() {
-        _ if url.is_empty() => "SQLite, a temporary file",
-        Some("postgres" | "postgresql") => "PostgreSQL, a scratch schema",
-        Some("mysql") => "MySQL, a scratch database",
-        _ => {
-            return Err(
-                "DATABASE_URL must start with postgres:// or mysql:// (unset it for SQLite)".into(),
-            );
-        }
-    };
-    println!("diesel-inbox quickstart on {backend}");
+    println!("diesel-inbox quickstart on {}", place.describe());
     println!(
         "{MESSAGES} credit messages, {} deliveries (2-4 copies each), {CONSUMERS} consumers \
          on a pool of {CONSUMERS} connections\n",
@@ -506,17 +543,7 @@ async fn main() -> Result<(), BoxError> {
     for handler in [Handler::Naive, Handler::Idempotent] {
         // The pid keeps two runs at the same time apart.
         let name = format!("quickstart_{}_{handler:?}", std::process::id()).to_lowercase();
-        let run = if url.is_empty() {
-            let db = TestDatabase::sqlite(&name).await?;
-            race_in(db, sqlite_setup(), handler, &stream).await?
-        } else if url.starts_with("mysql") {
-            let db = TestDatabase::mysql(&url, &name).await?;
-            race_in(db, ManagerConfig::default(), handler, &stream).await?
-        } else {
-            let db = TestDatabase::postgres(&url, &name).await?;
-            race_in(db, ManagerConfig::default(), handler, &stream).await?
-        };
-        runs.push(run);
+        runs.push(place.race(&name, handler, &stream).await?);
     }
 
     println!(

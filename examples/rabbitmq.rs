@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672 \
-//!     cargo run --example rabbitmq --features lapin
+//!     cargo run --example rabbitmq --features lapin,postgres
 //! ```
 //!
 //! It consumes the quorum queue `credits` (`QUEUE` to change it), published to with a

@@ -44,28 +44,48 @@
 //! - `Err` means nothing of this call was committed.
 //!
 //! The effect is exactly-once only for writes made through the connection the handler
-//! receives. For a side effect outside the database (an HTTP call, an e-mail) use claim
-//! mode, `#[idempotent(…, claim)]` ([`claims`]): at most one delivery at a time runs the
-//! body, and a stable [`Claim::idempotency_key`] lets the downstream system drop a
-//! repeat.
+//! receives. The fine print (transactions, session settings, keys, cancellation) is in
+//! [`guide::guarantees`].
+//!
+//! # Modes
+//!
+//! - **Transactional**, the default: the body's writes and the marker commit in one
+//!   transaction.
+//! - **Claim mode**, `#[idempotent(…, claim)]`, for a side effect outside the database
+//!   (an HTTP call, an e-mail): at most one delivery at a time runs the body, and a
+//!   stable [`Claim::idempotency_key`] lets the downstream system drop a repeat
+//!   ([`guide::claim_mode`], [`claims`]).
+//! - **Batches**, `#[idempotent(…, batch = msgs, key = |msg| …)]`: many messages in one
+//!   transaction, each still decided on its own ([`guide::batches`]).
 //!
 //! # Start-up
 //!
 //! Create the inbox table with [`migrate`] (idempotent, safe from several instances at
 //! once) or copy the migration for your backend, then call [`check_consumers`] once:
 //! handlers from different crates that share a consumer name only meet in the final
-//! program, where `cargo check` cannot see them.
+//! program, where `cargo check` cannot see them ([`guide::setup`]).
+//!
+//! # Guides
+//!
+//! [`guide`] explains each topic once: [setup](guide::setup),
+//! [guarantees](guide::guarantees), [acknowledging and retrying](guide::acknowledging),
+//! [claim mode](guide::claim_mode), [batches](guide::batches),
+//! [brokers](guide::brokers) (RabbitMQ, NATS, Kafka), [pruning and retention](guide::pruning),
+//! [clusters](guide::clusters) (Galera), [testing your handlers](guide::testing),
+//! [tracing and metrics](guide::observability) and [costs](guide::costs).
 //!
 //! # Features
 //!
+//! Every database and integration is a cargo feature; enable the backends you use.
+//!
 //! | feature | what it adds |
 //! |---|---|
-//! | `postgres`, `mysql`, `sqlite` (all on by default) | the matching diesel-async backend |
+//! | `postgres`, `mysql`, `sqlite` | the matching diesel-async backend (none is on by default: name yours) |
 //! | `testing` | `testing`: a database of each test's own, with the inbox migrated |
 //! | `retry` | `retry`: runs a handler again, with backoff, while its error is retryable |
 //! | `pruner` | `Pruner`: prunes old markers in a background task |
 //! | `metrics` | `metrics`: a counter and a duration histogram per consumer and outcome |
-//! | `lapin`, `nats`, `kafka` | the broker glue: a message's key, and a [`Disposition`] carried out on RabbitMQ and JetStream |
+//! | `lapin`, `nats`, `kafka` | the broker glue (`lapin`, `nats`, `kafka`): a message's key, and a [`Disposition`] carried out on RabbitMQ and JetStream |
 //! | `anyhow` | [`Classify`] for `anyhow::Error` |
 //! | `deadpool`, `bb8` | [`Classify`] for the pools' errors, and a pool as a `Pruner`'s connections |
 
@@ -90,14 +110,16 @@ pub use inbox_runtime::schema;
 pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     Claim, ClaimError, Classified, Classify, Disposition, ErrorClass, Fingerprint,
-    FingerprintMismatch, InboxBackend, InboxKey, InvalidKey, Outcome, RegisteredHandler, Retention,
-    SharedConsumers, check_consumers, class_of, classify, find_database_error, migrate, prune,
-    registered_handlers, retry_after_of,
+    FingerprintMismatch, InboxBackend, InboxError, InboxKey, InvalidKey, Outcome,
+    RegisteredHandler, Retention, SharedConsumers, check_consumers, class_of, classify,
+    find_database_error, migrate, prune, registered_handlers, retry_after_of,
 };
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::{ConnectionSource, Pace, Pruner, prune_paced};
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};
+
+pub mod guide;
 
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
@@ -124,28 +146,13 @@ pub mod testing {
     //! | MySQL / MariaDB | a database | connected to that database |
     //! | SQLite | a file in a new temporary directory | `PRAGMA busy_timeout`, then WAL |
     //!
-    //! [`TestDatabase::cleanup`] drops it at the end of the test. A test that panicked
-    //! leaves its schema or database behind to be inspected, and the next run of the same
-    //! test drops it before starting; an SQLite file goes when the last clone of its
-    //! `TestDatabase` drops, panic or not.
+    //! It only ever drops what carries that prefix. [`TestDatabase::cleanup`] drops it at
+    //! the end of the test. A test that panicked leaves its schema or database behind to
+    //! be inspected, and the next run of the same test drops it before starting; an
+    //! SQLite file goes when the last clone of its `TestDatabase` drops, panic or not.
     //!
-    //! ```no_run
-    //! # #[cfg(feature = "postgres")] mod example {
-    //! use diesel_async::AsyncPgConnection;
-    //! use diesel_inbox::testing::{TestDatabase, select_i64};
-    //!
-    //! # async fn credit(_: &mut AsyncPgConnection, _: &str) -> diesel::QueryResult<()> { Ok(()) }
-    //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    //! let url = std::env::var("POSTGRES_URL")?;
-    //! let db = TestDatabase::postgres(&url, "credit_is_applied_once").await?;
-    //! let mut conn = db.connect().await?;
-    //! credit(&mut conn, "msg-1").await?;
-    //! credit(&mut conn, "msg-1").await?;
-    //! assert_eq!(select_i64(&mut conn, "SELECT COUNT(*) FROM inbox").await?, 1);
-    //! db.cleanup().await?;
-    //! # Ok(()) }
-    //! # }
-    //! ```
+    //! A test of a handler, and handlers inside `begin_test_transaction`:
+    //! [`guide::testing`](crate::guide::testing).
 
     pub use inbox_runtime::testing::*;
 }

@@ -3,13 +3,6 @@
 //! as the caller had it (or the connection says it is unusable, and pools discard it),
 //! and redeliveries finish the work exactly once. Against the real servers.
 
-#![cfg(all(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "testing"
-))]
-
 use std::future::Future;
 use std::pin::pin;
 use std::task::Poll;

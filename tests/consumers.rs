@@ -70,10 +70,10 @@ fn every_linked_handler_is_registered() {
 fn a_consumer_shared_across_crates_is_reported() {
     let shared = check_consumers().expect_err("\"credit\" is used twice");
     assert_eq!(
-        shared.shared,
+        shared.iter().collect::<Vec<_>>(),
         [(
             "credit",
-            vec!["consumers::credit", "inbox_test_refunds::refund"]
+            &["consumers::credit", "inbox_test_refunds::refund"][..]
         )]
     );
     assert!(

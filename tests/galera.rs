@@ -4,9 +4,7 @@
 //!
 //! `GALERA_URLS` names the three nodes (`scripts/galera.sh start` starts them on
 //! 127.0.0.1:3311–3313); `GALERA_MESSAGES` sets how many messages the races deliver
-//! (default 30; `.ci/run` keeps the default, the long run is in the README).
-
-#![cfg(all(feature = "mysql", feature = "testing", feature = "retry"))]
+//! (default 30; `.ci/run` keeps the default, the long run is in CONTRIBUTING.md).
 
 mod common;
 
@@ -157,7 +155,7 @@ async fn the_loser_across_nodes_is_transient_never_processed() {
     bounded(async {
         cluster.create_tables(2).await;
         for (n, swallow) in [(0_i64, false), (1, true)] {
-            let message = Credit::new(n);
+            let message = Credit::numbered(n);
             let hold = Arc::new(Hold {
                 swallow,
                 ..Hold::default()
@@ -297,14 +295,14 @@ async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
                     if kill && worker == 0 && n == messages / 2 {
                         galera(&["kill", "3"]);
                     }
-                    let message = Credit::new(n);
+                    let message = Credit::numbered(n);
                     processed += match handler {
                         Handler::Idempotent => {
                             let outcome = deliver(&cluster, worker, &message).await;
                             usize::from(outcome == Outcome::Processed(()))
                         }
                         Handler::Batch => {
-                            let batch = [message, Credit::new((n + 1) % messages)];
+                            let batch = [message, Credit::numbered((n + 1) % messages)];
                             deliver_batch(&cluster, worker, &batch).await
                         }
                         Handler::Naive => {
@@ -355,14 +353,14 @@ async fn race(cluster: &Cluster, handler: Handler, kill: bool) -> Vec<i64> {
 /// the handler most people write first. A failed delivery is dropped.
 async fn naive_credit(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Outcome<()> {
     let seen = format!(
-        "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
+        "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}' AND consumer = 'naive'",
         credit.message_id
     );
     if select_i64(conn, &seen).await.unwrap() > 0 {
         return Outcome::Duplicate;
     }
     let apply = format!(
-        "BEGIN; INSERT INTO naive_inbox (message_id) VALUES ('{}'); \
+        "BEGIN; INSERT INTO naive_inbox (message_id, consumer) VALUES ('{}', 'naive'); \
          UPDATE accounts SET balance = balance + 1 WHERE id = {}; COMMIT",
         credit.message_id, credit.account
     );
@@ -515,6 +513,7 @@ async fn a_commit_that_ends_a_newer_transaction_commits_nothing() {
                 let message = Credit {
                     message_id: format!("msg-{n}-{attempt}"),
                     account: 0,
+                    amount: 1,
                 };
                 let error = credit_in_a_replaced_transaction(&mut conn, &message)
                     .await
@@ -546,7 +545,7 @@ async fn a_commit_that_ends_a_newer_transaction_commits_nothing() {
         };
         other.create_tables(1).await;
         let mut conn = cluster.connect().await;
-        let message = Credit::new(0);
+        let message = Credit::numbered(0);
         assert_eq!(
             common::credit(&mut conn, &message).await.unwrap(),
             Outcome::Processed(())
@@ -645,7 +644,7 @@ async fn partition_consumer(
         .with_max_delay(Duration::from_millis(200));
     let next = std::sync::atomic::AtomicUsize::new(worker);
     for n in messages {
-        let message = Credit::new(n);
+        let message = Credit::numbered(n);
         let settled = retry(&policy, || async {
             let mut conn = next_node(&cluster, &next)
                 .await
@@ -840,7 +839,7 @@ async fn an_operators_release_is_seen_on_every_node() {
             .await
             .expect("create traffic");
         for run in 0..(messages() / 6).max(3) {
-            let credit = Credit::new(run);
+            let credit = Credit::numbered(run);
             for _ in 0..2 {
                 exhausting_claim(&mut node_1, &credit, true)
                     .await
@@ -850,8 +849,10 @@ async fn an_operators_release_is_seen_on_every_node() {
                 .await
                 .expect_err("exhausted");
             assert_eq!(
-                diesel_inbox::ClaimError::of(&refused),
-                Some(&diesel_inbox::ClaimError::AttemptsExhausted { attempts: 2 })
+                diesel_inbox::InboxError::find(&refused),
+                Some(&diesel_inbox::InboxError::Claim(
+                    diesel_inbox::ClaimError::AttemptsExhausted { attempts: 2 }
+                ))
             );
 
             node_1
@@ -947,7 +948,7 @@ async fn a_stalled_claim_commit_never_overlaps_bodies() {
                     // The copies, on node 3, once node 1's claims have been waiting.
                     tokio::time::sleep(Duration::from_secs(3)).await;
                 }
-                stalled_claim(&mut conn, &Credit::new(n as i64 % 3), &bodies).await
+                stalled_claim(&mut conn, &Credit::numbered(n as i64 % 3), &bodies).await
             }));
         }
         for delivery in deliveries {
@@ -960,7 +961,7 @@ async fn a_stalled_claim_commit_never_overlaps_bodies() {
         // Redeliveries complete every message.
         let mut conn = cluster.node(0).await.expect("node 1");
         for n in 0..3 {
-            let credit = Credit::new(n);
+            let credit = Credit::numbered(n);
             let mut completed = false;
             for _ in 0..20 {
                 match stalled_claim(&mut conn, &credit, &bodies).await {

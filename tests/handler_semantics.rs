@@ -2,8 +2,6 @@
 //! body's writes to them are the parameters' own, and they drop once the transaction is
 //! over, after COMMIT or ROLLBACK. Checked on SQLite, from a second connection.
 
-#![cfg(all(feature = "sqlite", feature = "testing"))]
-
 use std::sync::{Arc, Mutex};
 
 use diesel::connection::SimpleConnection as _;

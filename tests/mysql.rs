@@ -1,7 +1,5 @@
 //! The MySQL/MariaDB suite: a database per test on the server named by `MYSQL_URL`.
 
-#![cfg(all(feature = "mysql", feature = "testing"))]
-
 mod common;
 
 use std::sync::Arc;
@@ -190,7 +188,7 @@ async fn swallowed_deadlock_is_not_reported_processed() {
     };
     bounded(async {
         common::create_tables(&db, 6).await;
-        let message = Credit::new(0);
+        let message = Credit::numbered(0);
         let mut blocker = blocker(&db).await;
         let script = Arc::new(DeadlockScript::default());
         let victim = tokio::spawn({
@@ -245,7 +243,7 @@ async fn deadlock_in_a_nested_transaction_is_transient() {
     };
     bounded(async {
         common::create_tables(&db, 6).await;
-        let message = Credit::new(0);
+        let message = Credit::numbered(0);
         let mut blocker = blocker(&db).await;
         let script = Arc::new(DeadlockScript::default());
         let victim = tokio::spawn({
@@ -311,7 +309,7 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
         common::create_tables(&db, 1).await;
         let mut conn = db.connect().await;
         for (n, fail) in [(0, true), (1, false)] {
-            let message = Credit::new(n);
+            let message = Credit::numbered(n);
             let error = credit_with_ddl(&mut conn, &message, fail)
                 .await
                 .expect_err("committed early");
@@ -332,7 +330,9 @@ async fn ddl_in_the_body_is_reported_as_committed_early() {
         assert_eq!(common::balances(&db, 1).await, vec![2]);
         // The connection is usable afterwards.
         assert_eq!(
-            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            common::credit(&mut conn, &Credit::numbered(0))
+                .await
+                .unwrap(),
             Outcome::Processed(())
         );
     })
@@ -351,14 +351,14 @@ async fn ddl_in_a_test_transaction_ends_it_and_says_so() {
         common::create_tables(&db, 1).await;
         let mut conn = db.connect().await;
         conn.begin_test_transaction().await.unwrap();
-        let error = credit_with_ddl(&mut conn, &Credit::new(0), false)
+        let error = credit_with_ddl(&mut conn, &Credit::numbered(0), false)
             .await
             .expect_err("the test transaction ended");
         assert!(
             error.to_string().contains("test transaction ended"),
             "{error}"
         );
-        let refused = common::credit(&mut conn, &Credit::new(1)).await;
+        let refused = common::credit(&mut conn, &Credit::numbered(1)).await;
         assert!(
             matches!(refused, Err(Error::BrokenTransactionManager)),
             "{refused:?}"
@@ -412,7 +412,9 @@ async fn localized_server_messages_are_recognised() {
         assert_eq!(second.unwrap(), Outcome::Duplicate);
         let mut conn = common::connect_with(&db, german).await;
         assert_eq!(
-            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            common::credit(&mut conn, &Credit::numbered(0))
+                .await
+                .unwrap(),
             Outcome::Duplicate
         );
         let insert = "INSERT INTO inbox (message_id, consumer) VALUES ('msg-0', 'credit')";
@@ -435,7 +437,9 @@ async fn localized_server_messages_are_recognised() {
         }
         // Redelivered, the message whose waits timed out applies once.
         assert_eq!(
-            common::credit(&mut conn, &Credit::new(1)).await.unwrap(),
+            common::credit(&mut conn, &Credit::numbered(1))
+                .await
+                .unwrap(),
             Outcome::Processed(())
         );
         assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
@@ -478,10 +482,10 @@ async fn interrupted_waits_are_transient() {
         let mut conn_a = db.connect().await;
         let first = tokio::spawn({
             let gate = Arc::clone(&gate);
-            async move { common::gated_credit(&mut conn_a, &Credit::new(1), &gate).await }
+            async move { common::gated_credit(&mut conn_a, &Credit::numbered(1), &gate).await }
         });
         gate.entered.notified().await;
-        let error = common::credit(&mut conn_b, &Credit::new(1))
+        let error = common::credit(&mut conn_b, &Credit::numbered(1))
             .await
             .expect_err("killed");
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
@@ -489,12 +493,16 @@ async fn interrupted_waits_are_transient() {
         gate.release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
         assert_eq!(
-            common::credit(&mut conn_b, &Credit::new(1)).await.unwrap(),
+            common::credit(&mut conn_b, &Credit::numbered(1))
+                .await
+                .unwrap(),
             Outcome::Duplicate
         );
         // The message whose waits timed out, redelivered, applies once.
         assert_eq!(
-            common::credit(&mut conn_b, &Credit::new(0)).await.unwrap(),
+            common::credit(&mut conn_b, &Credit::numbered(0))
+                .await
+                .unwrap(),
             Outcome::Processed(())
         );
         assert_eq!(common::balances(&db, 2).await, vec![1, 1]);
@@ -516,7 +524,7 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
         common::create_tables(&db, attempts).await;
         let mut deadlocks = 0;
         for n in 0..attempts {
-            let message = Credit::new(n);
+            let message = Credit::numbered(n);
             let gate = Gate::held(true);
             let mut first_conn = db.connect().await;
             let first = tokio::spawn({
@@ -589,7 +597,7 @@ async fn three_way_deadlock_through_the_retry_helper_is_exactly_once() {
         common::create_tables(&db, attempts).await;
         let retried = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for n in 0..attempts {
-            let message = Credit::new(n);
+            let message = Credit::numbered(n);
             let gate = Gate::held(true);
             let mut first_conn = db.connect().await;
             let first = tokio::spawn({
@@ -669,6 +677,7 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
             let message = |n: &str| Credit {
                 message_id: format!("{autocommit}-{n}"),
                 account: 0,
+                amount: 1,
             };
             let assert_session = async |conn: &mut AsyncMysqlConnection, after: &str| {
                 let found = select_i64(conn, "SELECT @@autocommit").await.unwrap();
@@ -744,6 +753,7 @@ async fn a_sessions_own_variables_and_statements_are_left_alone() {
             let message = |n: &str| Credit {
                 message_id: format!("{autocommit}-{n}"),
                 account: 0,
+                amount: 1,
             };
             let processed = common::credit(&mut conn, &message("a")).await.unwrap();
             assert_eq!(processed, Outcome::Processed(()));
@@ -804,7 +814,7 @@ async fn every_sql_mode_is_served() {
                 .await
                 .unwrap_or_else(|error| panic!("{mode}: {error}"));
             let [single, batch_1, batch_2, claim] =
-                [0, 1, 2, 3].map(|i| Credit::new(4 * n as i64 + i));
+                [0, 1, 2, 3].map(|i| Credit::numbered(4 * n as i64 + i));
             assert_eq!(
                 common::credit(&mut conn, &single).await,
                 Ok(Outcome::Processed(())),

@@ -1,8 +1,6 @@
 //! What a handler tells `tracing`: one span per delivery, with the consumer, the key,
 //! the outcome and the duration, under OpenTelemetry's messaging names.
 
-#![cfg(all(feature = "sqlite", feature = "testing"))]
-
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,5 @@
 //! The PostgreSQL suite: a schema per test on the server named by `POSTGRES_URL`.
 
-#![cfg(all(feature = "postgres", feature = "testing"))]
-
 mod common;
 
 use std::time::Duration;
@@ -87,7 +85,7 @@ async fn swallowed_error_is_not_reported_processed() {
     };
     common::create_tables(&db, 1).await;
     let mut conn = db.connect().await;
-    let error = swallowing_credit(&mut conn, &Credit::new(0))
+    let error = swallowing_credit(&mut conn, &Credit::numbered(0))
         .await
         .expect_err("not committed");
     assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
@@ -101,7 +99,9 @@ async fn swallowed_error_is_not_reported_processed() {
     assert_eq!(common::balances(&db, 1).await, vec![0]);
     // The transaction is over and the connection serves the redelivery.
     assert_eq!(
-        common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        common::credit(&mut conn, &Credit::numbered(0))
+            .await
+            .unwrap(),
         Outcome::Processed(())
     );
     assert_eq!(common::balances(&db, 1).await, vec![1]);
@@ -118,7 +118,7 @@ async fn swallowed_error_in_a_test_transaction_is_not_reported_processed() {
     common::create_tables(&db, 1).await;
     let mut conn = db.connect().await;
     conn.begin_test_transaction().await.unwrap();
-    let error = swallowing_credit(&mut conn, &Credit::new(0))
+    let error = swallowing_credit(&mut conn, &Credit::numbered(0))
         .await
         .expect_err("not committed");
     assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
@@ -126,7 +126,9 @@ async fn swallowed_error_in_a_test_transaction_is_not_reported_processed() {
     let markers = "SELECT COUNT(*) FROM inbox";
     assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 0);
     assert_eq!(
-        common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        common::credit(&mut conn, &Credit::numbered(0))
+            .await
+            .unwrap(),
         Outcome::Processed(())
     );
     assert_eq!(select_i64(&mut conn, markers).await.unwrap(), 1);
@@ -170,6 +172,7 @@ async fn duplicates_write_no_error_to_the_server_log() {
     let message = Credit {
         message_id: format!("no-error-{run}"),
         account: 0,
+        amount: 1,
     };
     let mut conn = db.connect().await;
     assert_eq!(
@@ -266,7 +269,9 @@ async fn pooled_connections_work() {
         .unwrap();
     let mut pooled = pool.get().await.unwrap();
     assert_eq!(
-        common::credit(&mut pooled, &Credit::new(0)).await.unwrap(),
+        common::credit(&mut pooled, &Credit::numbered(0))
+            .await
+            .unwrap(),
         Outcome::Processed(())
     );
 
@@ -277,11 +282,15 @@ async fn pooled_connections_work() {
         .unwrap();
     let mut pooled = pool.get().await.unwrap();
     assert_eq!(
-        common::credit(&mut pooled, &Credit::new(1)).await.unwrap(),
+        common::credit(&mut pooled, &Credit::numbered(1))
+            .await
+            .unwrap(),
         Outcome::Processed(())
     );
     assert_eq!(
-        common::credit(&mut pooled, &Credit::new(0)).await.unwrap(),
+        common::credit(&mut pooled, &Credit::numbered(0))
+            .await
+            .unwrap(),
         Outcome::Duplicate
     );
     drop(pooled);
@@ -307,7 +316,9 @@ async fn statement_timeout_on_the_marker_wait_is_transient() {
         }
         let mut conn = db.connect().await;
         assert_eq!(
-            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            common::credit(&mut conn, &Credit::numbered(0))
+                .await
+                .unwrap(),
             Outcome::Processed(())
         );
     })
@@ -334,7 +345,9 @@ async fn stricter_isolation_turns_the_waiting_duplicate_into_a_retry() {
             assert_eq!(classify(&error), ErrorClass::Transient, "{level}: {error}");
             let mut retry = common::connect_with(&db, &settings).await;
             assert_eq!(
-                common::credit(&mut retry, &Credit::new(n)).await.unwrap(),
+                common::credit(&mut retry, &Credit::numbered(n))
+                    .await
+                    .unwrap(),
                 Outcome::Duplicate,
                 "{level}"
             );
@@ -387,7 +400,7 @@ async fn lost_connection_is_retried_on_a_new_one() {
         let errors = std::sync::Mutex::new(Vec::new());
         let outcome = diesel_inbox::retry(&diesel_inbox::RetryPolicy::new(), || async {
             let mut conn = pool.get().await?;
-            let result = credit_terminated_once(&mut conn, &Credit::new(0), &runs).await;
+            let result = credit_terminated_once(&mut conn, &Credit::numbered(0), &runs).await;
             if let Err(error) = &result {
                 errors.lock().unwrap().push(classify(error));
             }
@@ -426,6 +439,7 @@ async fn sessions_in_other_encodings_agree_on_keys() {
         let key = |message_id: &str, account| Credit {
             message_id: message_id.to_owned(),
             account,
+            amount: 1,
         };
         // Each path: the transaction, the fast path's read, the batch, and claim mode.
         assert_eq!(

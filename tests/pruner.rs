@@ -1,7 +1,5 @@
 //! The background pruner: prunes on its schedule, and stops when asked, at once.
 
-#![cfg(all(feature = "sqlite", feature = "pruner", feature = "testing"))]
-
 use std::time::Duration;
 
 use diesel::sqlite::SqliteConnection;

@@ -1,7 +1,5 @@
 //! The SQLite suite: a database file per test, WAL, several connections.
 
-#![cfg(all(feature = "sqlite", feature = "testing"))]
-
 mod common;
 
 use diesel::result::Error;
@@ -141,6 +139,7 @@ async fn a_utf16_file_keeps_keys_and_consumers_apart() {
             let message = Credit {
                 message_id: key.to_owned(),
                 account: 0,
+                amount: 1,
             };
             for delivery in [Outcome::Processed(()), Outcome::Duplicate] {
                 assert_eq!(
@@ -214,7 +213,7 @@ async fn swallowed_rollback_is_not_reported_processed() {
         conn.batch_execute("INSERT INTO ledger (entry) VALUES ('taken')")
             .await
             .unwrap();
-        let error = rollback_swallowing_credit(&mut conn, &Credit::new(0))
+        let error = rollback_swallowing_credit(&mut conn, &Credit::numbered(0))
             .await
             .expect_err("not committed");
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
@@ -228,7 +227,9 @@ async fn swallowed_rollback_is_not_reported_processed() {
         assert_eq!(common::balances(&db, 1).await, vec![0]);
         // The transaction is over and the connection serves the next delivery.
         assert_eq!(
-            common::credit(&mut conn, &Credit::new(0)).await.unwrap(),
+            common::credit(&mut conn, &Credit::numbered(0))
+                .await
+                .unwrap(),
             Outcome::Processed(())
         );
         assert_eq!(common::balances(&db, 1).await, vec![1]);
@@ -257,7 +258,7 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
         let mut conn_b = common::connect_with(&db, "PRAGMA read_uncommitted = 1").await;
         assert_eq!(
-            common::credit_reading_first(&mut conn_b, &Credit::new(0))
+            common::credit_reading_first(&mut conn_b, &Credit::numbered(0))
                 .await
                 .unwrap(),
             Outcome::Processed(())

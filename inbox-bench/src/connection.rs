@@ -23,27 +23,11 @@ use diesel_async::{
 };
 use diesel_inbox::schema::inbox;
 use diesel_inbox::testing::{TestConnection, TestDatabase};
+use inbox_fixtures::credit::{CreditTables, credit_account, naive_inbox};
 
 use crate::backend::Backend;
 
 pub type SqliteConn = SyncConnectionWrapper<SqliteConnection>;
-
-diesel::table! {
-    /// The credit handler's business table.
-    accounts (id) {
-        id -> BigInt,
-        balance -> BigInt,
-    }
-}
-
-diesel::table! {
-    /// The naive handler's record of seen messages. The database has no unique index on
-    /// it, by design: that is the naive handler's mistake. (diesel needs a key to name.)
-    naive_inbox (message_id, consumer) {
-        message_id -> Text,
-        consumer -> Text,
-    }
-}
 
 diesel::table! {
     /// The peer flow's inbox, modelled on MassTransit's `InboxState`: a row is received
@@ -60,11 +44,6 @@ diesel::table! {
 diesel::define_sql_function! {
     /// PostgreSQL's current time, which unlike `now()` advances within a transaction.
     fn clock_timestamp() -> Timestamp;
-}
-
-#[diesel::dsl::auto_type]
-fn credit_account(account: i64, amount: i64) -> _ {
-    update(accounts::table.find(account)).set(accounts::balance.eq(accounts::balance + amount))
 }
 
 #[diesel::dsl::auto_type]
@@ -204,7 +183,7 @@ where
 
 /// A connection the harness can run every variant on: the shared statements plus what
 /// each backend spells differently.
-pub trait BenchConnection: Statements + TestConnection {
+pub trait BenchConnection: Statements + CreditTables + TestConnection {
     const BACKEND: Backend;
 
     /// Opens a serializable transaction that holds the write lock from its first

@@ -111,8 +111,8 @@ async fn handle_one<C: BenchConnection>(
 
 /// (1) The ceiling: the credit in a transaction of its own, no inbox at all.
 async fn bare<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryResult<Outcome<()>> {
-    let account = delivery.account;
-    conn.transaction(async move |conn| conn.credit(account, 1).await)
+    let (account, amount) = (delivery.account, delivery.amount);
+    conn.transaction(async move |conn| conn.credit(account, amount).await)
         .await?;
     Ok(Outcome::Processed(()))
 }
@@ -125,10 +125,10 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
     if conn.naive_seen(message_id.clone(), NAIVE_CONSUMER).await? {
         return Ok(Outcome::Duplicate);
     }
-    let account = delivery.account;
+    let (account, amount) = (delivery.account, delivery.amount);
     conn.transaction(async move |conn| {
         conn.naive_record(message_id, NAIVE_CONSUMER).await?;
-        conn.credit(account, 1).await
+        conn.credit(account, amount).await
     })
     .await?;
     Ok(Outcome::Processed(()))
@@ -157,7 +157,7 @@ async fn hand_written<C: BenchConnection>(
         {
             return Ok(Outcome::Duplicate);
         }
-        conn.credit(delivery.account, 1).await?;
+        conn.credit(delivery.account, delivery.amount).await?;
         conn.commit_checked(message_id, HAND_WRITTEN_CONSUMER)
             .await?;
         Ok(Outcome::Processed(()))
@@ -179,7 +179,7 @@ async fn idempotent_credit<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
 ) -> Result<(), Error> {
-    conn.credit(delivery.account, 1).await?;
+    conn.credit(delivery.account, delivery.amount).await?;
     Ok(())
 }
 
@@ -189,7 +189,7 @@ async fn duplicated_credit<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
 ) -> Result<(), Error> {
-    conn.credit(delivery.account, 1).await?;
+    conn.credit(delivery.account, delivery.amount).await?;
     Ok(())
 }
 
@@ -203,7 +203,7 @@ async fn idempotent_credit_reading_first<C: BenchConnection>(
     conn: &mut C,
     delivery: &Delivery,
 ) -> Result<(), Error> {
-    conn.credit(delivery.account, 1).await?;
+    conn.credit(delivery.account, delivery.amount).await?;
     Ok(())
 }
 
@@ -237,7 +237,7 @@ async fn bare_batch<C: BenchConnection>(
 fn batch_credits<'d>(deliveries: impl Iterator<Item = &'d Delivery>) -> Vec<(i64, i64)> {
     let mut credits = BTreeMap::new();
     for delivery in deliveries {
-        *credits.entry(delivery.account).or_insert(0) += 1;
+        *credits.entry(delivery.account).or_insert(0) += delivery.amount;
     }
     credits.into_iter().collect()
 }
@@ -252,7 +252,7 @@ async fn claimed_credit<C: BenchConnection>(
     delivery: &Delivery,
 ) -> Result<(), Error> {
     std::hint::black_box(Claim::current().idempotency_key());
-    conn.credit(delivery.account, 1).await?;
+    conn.credit(delivery.account, delivery.amount).await?;
     Ok(())
 }
 
@@ -286,7 +286,7 @@ async fn peer_flow<C: BenchConnection>(
             Some(true) => return Ok(Outcome::Duplicate),
             None => return Err(Error::NotFound),
         }
-        conn.credit(delivery.account, 1).await?;
+        conn.credit(delivery.account, delivery.amount).await?;
         conn.consume_peer_row(message_id, PEER_CONSUMER).await?;
         Ok(Outcome::Processed(()))
     }

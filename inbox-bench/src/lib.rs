@@ -10,16 +10,14 @@ mod backend;
 pub mod cli;
 mod variant;
 mod workload;
-// Run: the databases, their connections and the handlers that run on them.
+// Run: the databases, their connections and the handlers that run on them, and the
+// C clients that send the reference rows.
 mod cluster;
 mod connection;
 mod handlers;
-mod mariadb_slap;
-mod pgbench;
 mod reference;
 mod runner;
 mod setup;
-mod sqlite_shell;
 mod target;
 // Measure: a backend's measurements in order, and what the machine and server did.
 mod bench;

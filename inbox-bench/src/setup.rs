@@ -15,25 +15,11 @@ const VALUES_PER_STATEMENT: u64 = 1_000;
 /// enough that progress moves.
 const PREFILL_CHUNK: u64 = 1_000_000;
 
-/// The accounts, and the naive handler's and the peer flow's tables, beside the inbox
-/// that the run's database was created with.
+/// The credit workload's tables with [`ACCOUNTS`] accounts, and the peer flow's table,
+/// beside the inbox that the run's database was created with.
 pub async fn create_tables<C: BenchConnection>(conn: &mut C) -> anyhow::Result<()> {
-    conn.batch_execute(
-        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
-         CREATE TABLE naive_inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(200) NOT NULL);
-         CREATE INDEX ix_naive_inbox ON naive_inbox (message_id, consumer);",
-    )
-    .await?;
+    conn.create_credit_tables(ACCOUNTS).await?;
     conn.batch_execute(peer_inbox_ddl(C::BACKEND)).await?;
-    for start in (0..ACCOUNTS as u64).step_by(VALUES_PER_STATEMENT as usize) {
-        let end = (start + VALUES_PER_STATEMENT).min(ACCOUNTS as u64);
-        let rows: Vec<String> = (start..end).map(|id| format!("({id}, 0)")).collect();
-        conn.batch_execute(&format!(
-            "INSERT INTO accounts (id, balance) VALUES {}",
-            rows.join(", ")
-        ))
-        .await?;
-    }
     Ok(())
 }
 
@@ -114,14 +100,7 @@ pub async fn markers_older_than<C: BenchConnection>(
 
 /// The sum of every account's balance: the credits applied so far.
 pub async fn credits<C: BenchConnection>(conn: &mut C) -> anyhow::Result<i64> {
-    // `SUM` of a BIGINT is a decimal on MySQL and PostgreSQL.
-    let sum = match C::BACKEND {
-        Backend::Mysql => "SELECT CAST(COALESCE(SUM(balance), 0) AS SIGNED) FROM accounts",
-        Backend::Postgres | Backend::Sqlite => {
-            "SELECT CAST(COALESCE(SUM(balance), 0) AS BIGINT) FROM accounts"
-        }
-    };
-    Ok(select_i64(conn, sum).await?)
+    Ok(conn.balances().await?.iter().sum())
 }
 
 /// Writes out what earlier steps left in the log, so that no measurement pays for a

@@ -4,17 +4,14 @@
 //! ids are random-looking version-4 UUIDs, the common case and the hard one for a B-tree:
 //! every insert lands on a random leaf page, never only on the rightmost one.
 
+use inbox_fixtures::credit::Credit;
 use uuid::Uuid;
 
 /// Accounts the credits spread over.
 pub const ACCOUNTS: i64 = 10_000;
 
 /// One delivery of a credit message: add 1 to one account.
-#[derive(Debug, Clone, Copy)]
-pub struct Delivery {
-    pub message_id: Uuid,
-    pub account: i64,
-}
+pub type Delivery = Credit<Uuid>;
 
 /// One measurement's deliveries.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +43,7 @@ impl Workload {
         Delivery {
             message_id: uuid::Builder::from_random_bytes(bytes).into_uuid(),
             account: account as i64,
+            amount: 1,
         }
     }
 

@@ -17,7 +17,6 @@
 //!
 //! The same binary is the consumer (`inbox-chaos consume …`, started by the run).
 
-mod downstream;
 mod handlers;
 mod nats;
 mod rabbitmq;

@@ -8,9 +8,10 @@ use async_nats::jetstream::{self, Context, stream};
 use diesel_inbox::InboxKey;
 use diesel_inbox::nats::{Settlement, message_key};
 use futures_util::{StreamExt, TryStreamExt};
+use inbox_fixtures::credit::Credit;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::handlers::{self, Message};
+use crate::handlers;
 use crate::{BoxError, ConsumeArgs};
 
 /// How long a killed consumer's messages wait before JetStream delivers them again.
@@ -73,13 +74,16 @@ impl Topology {
     /// which holds the originals of its duplicates.
     /// Returns how many copies JetStream dropped as duplicates all the same (it forgets
     /// ids some time after the window, not at once).
-    pub(crate) async fn publish(&self, chunks: &[Vec<Message>]) -> Result<u64, BoxError> {
+    pub(crate) async fn publish(&self, chunks: &[Vec<Credit>]) -> Result<u64, BoxError> {
         let mut dropped = 0;
         for chunk in chunks {
             let mut acks = Vec::with_capacity(chunk.len());
-            for (id, credit) in chunk {
+            for credit in chunk {
                 let mut headers = async_nats::HeaderMap::new();
-                headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+                headers.insert(
+                    async_nats::header::NATS_MESSAGE_ID,
+                    credit.message_id.as_str(),
+                );
                 acks.push(
                     self.jetstream
                         .publish_with_headers(subject(&self.name), headers, credit.payload().into())

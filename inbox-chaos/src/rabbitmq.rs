@@ -2,6 +2,7 @@
 
 use diesel_inbox::lapin::{Queues, message_key};
 use futures_util::{StreamExt, TryStreamExt};
+use inbox_fixtures::credit::Credit;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -10,7 +11,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::handlers::{self, Message};
+use crate::handlers;
 use crate::{BoxError, ConsumeArgs};
 
 async fn connect(url: &str) -> Result<(Connection, Channel), BoxError> {
@@ -44,13 +45,13 @@ impl Topology {
     }
 
     /// Returns how many copies the broker dropped as duplicates: none, RabbitMQ keeps all.
-    pub(crate) async fn publish(&self, messages: &[Message]) -> Result<u64, BoxError> {
+    pub(crate) async fn publish(&self, messages: &[Credit]) -> Result<u64, BoxError> {
         // Confirmed in windows, as a producer with publisher confirms does.
         for window in messages.chunks(100) {
             let mut confirms = Vec::with_capacity(window.len());
-            for (id, credit) in window {
+            for credit in window {
                 let properties = BasicProperties::default()
-                    .with_message_id(id.as_str().into())
+                    .with_message_id(credit.message_id.as_str().into())
                     .with_delivery_mode(2);
                 confirms.push(
                     self.channel

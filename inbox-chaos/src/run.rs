@@ -1,19 +1,20 @@
 //! The run: plan -> publish -> consume under kills -> drain -> verify -> report.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::AsyncPgConnection;
 use diesel_inbox::testing::{TestDatabase, select_i64};
+use inbox_fixtures::credit::{Credit, CreditTables};
+use inbox_fixtures::downstream::Downstream;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::downstream::{Downstream, Tally};
-use crate::handlers::{Credit, Message, SCHEMA};
+use crate::handlers::NAIVE_CONSUMER;
 use crate::{BoxError, Broker, Handler, RunArgs, nats, rabbitmq};
 
 const ACCOUNTS: i64 = 50;
@@ -27,7 +28,7 @@ enum Topology {
 }
 
 impl Topology {
-    async fn publish(&self, chunks: &[Vec<Message>]) -> Result<u64, BoxError> {
+    async fn publish(&self, chunks: &[Vec<Credit>]) -> Result<u64, BoxError> {
         match self {
             Self::Rabbitmq(topology) => topology.publish(&chunks.concat()).await,
             Self::Nats(topology) => topology.publish(chunks).await,
@@ -181,14 +182,12 @@ fn value_name<T: ValueEnum>(value: T) -> String {
 /// `DUPLICATE_DISTANCE`: each duplicate goes into the chunk after its original's, as a
 /// producer retrying a lost confirm sends it soon after, close enough for the two
 /// copies to be handled at the same time by different consumers.
-fn plan(args: &RunArgs, run: &str) -> (Vec<Message>, Vec<Vec<Message>>) {
+fn plan(args: &RunArgs, run: &str) -> (Vec<Credit>, Vec<Vec<Credit>>) {
     let unique: Vec<_> = (0..args.messages)
-        .map(|n| {
-            let credit = Credit {
-                account: fastrand::i64(1..=ACCOUNTS),
-                amount: fastrand::i64(1..=1000),
-            };
-            (format!("{run}-{n}"), credit)
+        .map(|n| Credit {
+            message_id: format!("{run}-{n}"),
+            account: fastrand::i64(0..ACCOUNTS),
+            amount: fastrand::i64(1..=1000),
         })
         .collect();
     let mut chunks = Vec::new();
@@ -225,11 +224,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
     )
     .await?;
     let mut conn = db.connect().await?;
-    conn.batch_execute(SCHEMA).await?;
-    conn.batch_execute(&format!(
-        "INSERT INTO accounts SELECT id, 0 FROM generate_series(1, {ACCOUNTS}) AS id"
-    ))
-    .await?;
+    conn.create_credit_tables(ACCOUNTS).await?;
 
     let topology = match args.broker {
         Broker::Rabbitmq => rabbitmq::Topology::create(&args.endpoints.amqp_url, &name)
@@ -284,8 +279,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
         )
         .await?;
         let elapsed = started.elapsed();
-        let tally = downstream.tally();
-        let verdict = verify(&args, &topology, &mut conn, &unique, &tally).await?;
+        let verdict = verify(&args, &topology, &mut conn, &unique, &downstream).await?;
         let counters = &consumers.counters;
         println!(
             "kills survived: {kills} (consumer processes started: {})\n\
@@ -309,9 +303,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), BoxError> {
             println!(
                 "downstream: {} calls, {} effects, {} calls absorbed by the idempotency-key \
                  deduplication",
-                tally.calls,
-                tally.effects,
-                tally.calls - tally.effects,
+                downstream.calls(),
+                downstream.effects(),
+                downstream.absorbed(),
             );
         }
         Ok::<_, BoxError>(verdict)
@@ -346,7 +340,7 @@ async fn consume_under_kills(
 ) -> Result<u64, BoxError> {
     let applied_sql = match args.handler() {
         Handler::Inbox => "SELECT COUNT(DISTINCT message_id) FROM inbox",
-        Handler::Naive => "SELECT COUNT(DISTINCT message_id) FROM naive_applied",
+        Handler::Naive => "SELECT COUNT(DISTINCT message_id) FROM naive_inbox",
         Handler::Claim => {
             "SELECT COUNT(DISTINCT message_id) FROM inbox WHERE lease_ends_at IS NULL"
         }
@@ -401,30 +395,19 @@ async fn verify(
     args: &RunArgs,
     topology: &Topology,
     conn: &mut AsyncPgConnection,
-    unique: &[Message],
-    downstream: &Tally,
+    unique: &[Credit],
+    downstream: &Downstream,
 ) -> Result<Vec<String>, BoxError> {
     let mut failures = Vec::new();
-    let mut expected: HashMap<i64, i64> = HashMap::new();
-    for (_, credit) in unique {
-        *expected.entry(credit.account).or_default() += credit.amount;
-    }
-    let mut balances: HashMap<i64, i64> = HashMap::new();
-    if args.handler() == Handler::Claim {
-        for (_, credit) in &downstream.credits {
-            *balances.entry(credit.account).or_default() += credit.amount;
-        }
+    let balances = if args.handler() == Handler::Claim {
+        sums_by_account(&downstream.credits())
     } else {
-        for account in 1..=ACCOUNTS {
-            let sql = format!("SELECT balance FROM accounts WHERE id = {account}");
-            balances.insert(account, select_i64(conn, &sql).await?);
-        }
-    }
+        conn.balances().await?
+    };
+    let expected = sums_by_account(unique);
     let mut wrong_accounts = 0;
     let mut excess = 0;
-    for account in 1..=ACCOUNTS {
-        let balance = balances.get(&account).copied().unwrap_or(0);
-        let want = expected.get(&account).copied().unwrap_or(0);
+    for (&balance, &want) in balances.iter().zip(&expected) {
         if balance != want {
             wrong_accounts += 1;
             excess += balance - want;
@@ -446,12 +429,16 @@ async fn verify(
         Handler::Naive => {
             let doubled = select_i64(
                 conn,
-                "SELECT COUNT(*) FROM (SELECT message_id FROM naive_applied \
-                 GROUP BY message_id HAVING COUNT(*) > 1) AS doubled",
+                &format!(
+                    "SELECT COUNT(*) FROM (SELECT message_id FROM naive_inbox \
+                     WHERE consumer = '{NAIVE_CONSUMER}' \
+                     GROUP BY message_id HAVING COUNT(*) > 1) AS doubled"
+                ),
             )
             .await?;
-            let extra =
-                select_i64(conn, "SELECT COUNT(*) FROM naive_applied").await? - unique_count;
+            let applied =
+                format!("SELECT COUNT(*) FROM naive_inbox WHERE consumer = '{NAIVE_CONSUMER}'");
+            let extra = select_i64(conn, &applied).await? - unique_count;
             if doubled > 0 {
                 failures.push(format!(
                     "double-applied messages: {doubled} ({extra} extra credits)"
@@ -468,6 +455,15 @@ async fn verify(
         failures.push(format!("{dead} messages dead-lettered"));
     }
     Ok(failures)
+}
+
+/// The sum of `credits` per account, for accounts `0..ACCOUNTS`.
+fn sums_by_account(credits: &[Credit]) -> Vec<i64> {
+    let mut sums = vec![0; ACCOUNTS as usize];
+    for credit in credits {
+        sums[credit.account as usize] += credit.amount;
+    }
+    sums
 }
 
 async fn check_markers(
@@ -488,30 +484,33 @@ async fn check_markers(
 /// One downstream effect per message, under one key, and every claim completed.
 async fn check_effects(
     conn: &mut AsyncPgConnection,
-    unique: &[Message],
-    downstream: &Tally,
+    unique: &[Credit],
+    downstream: &Downstream,
     failures: &mut Vec<String>,
 ) -> Result<(), BoxError> {
-    let published: HashSet<&str> = unique.iter().map(|(id, _)| id.as_str()).collect();
-    let effected: HashSet<&str> = downstream
-        .credits
+    let published: HashSet<&str> = unique
         .iter()
-        .map(|(id, _)| id.as_str())
+        .map(|credit| credit.message_id.as_str())
+        .collect();
+    let credits = downstream.credits();
+    let effected: HashSet<&str> = credits
+        .iter()
+        .map(|credit| credit.message_id.as_str())
         .collect();
     let missing = published.difference(&effected).count();
     let unknown = effected.difference(&published).count();
-    if downstream.effects != unique.len() as u64 || missing > 0 || unknown > 0 {
+    let effects = downstream.effects();
+    if effects != unique.len() || missing > 0 || unknown > 0 {
         failures.push(format!(
-            "{} downstream effects for {} messages ({missing} messages without one, \
+            "{effects} downstream effects for {} messages ({missing} messages without one, \
              {unknown} effects for no published message)",
-            downstream.effects,
             unique.len(),
         ));
     }
-    if downstream.messages_with_several_effects > 0 {
+    let several = downstream.messages_with_several_effects();
+    if several > 0 {
         failures.push(format!(
-            "{} messages took effect downstream under more than one idempotency key",
-            downstream.messages_with_several_effects
+            "{several} messages took effect downstream under more than one idempotency key"
         ));
     }
     let open = select_i64(

@@ -8,7 +8,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod args;
-mod batch;
+mod diagnostics;
 mod expand;
 mod validate;
 
@@ -63,15 +63,10 @@ use quote::ToTokens;
 ///   duplicate would lose a message. A marker stored without a fingerprint matches any.
 ///   Evaluated before the transaction.
 /// - `claim`: claim mode, for a body whose effect is outside the database (an e-mail,
-///   a payment, an HTTP call), which no transaction can roll back. The marker is
-///   inserted and committed as a claim before the body runs, outside any transaction,
-///   and completed when it returns `Ok`; `Err` releases it for the next delivery. A
-///   delivery that finds a live claim returns `Outcome::InProgress` (do not
-///   acknowledge it); one that finds a claim whose lease has ended takes it over and runs
-///   the body again. The body reads its claim with `diesel_inbox::Claim::current()` and
-///   hands the downstream system `claim.idempotency_key()`, which stays the same on every
-///   attempt: exactly-once holds downstream only if that system deduplicates by it.
-///   `diesel_inbox::claims` documents the protocol.
+///   a payment, an HTTP call): the marker commits as a claim with a lease before the
+///   body runs, and is completed when it returns `Ok`. The body reads
+///   `diesel_inbox::Claim::current()`. [The claim-mode guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/claim_mode/index.html)
+///   explains the protocol and `Outcome::InProgress`.
 /// - `lease = <expr>` (claim mode): a `std::time::Duration`, how long a claim holds before
 ///   another delivery may take it over, measured on the database's clock; by default
 ///   `diesel_inbox::claims::DEFAULT_LEASE`, five minutes. Make it longer than the body's
@@ -86,15 +81,11 @@ use quote::ToTokens;
 /// - `batch = <parameter>`: the batch form. The parameter holds many messages (`&[M]`,
 ///   `Vec<M>`, `&Vec<M>` or an array), and `key` is then a closure from one message to
 ///   its key, `key = |msg| msg.message_id` (the key is borrowed, as in the single form).
-///   The body runs once, in one transaction with the markers of the whole batch, and
-///   sees under the parameter's name a `Vec<&M>` of the messages new to this consumer, in
-///   the batch's order; it does not run when none is new, nor for an empty batch. The
-///   handler returns `Result<diesel_inbox::BatchOutcome<T>, E>`: each message's
-///   `Processed` or `Duplicate`, by its index, and the body's value. The same key twice
-///   in a batch is processed once, at its first place. An invalid key rejects the whole
-///   batch before anything is written (`diesel_inbox::InvalidBatchKey` names the
-///   message). `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a call of
-///   `diesel_inbox::__private::run_batch` in place of `run`.
+///   The body sees, under the parameter's name, a `Vec<&M>` of the messages new to this
+///   consumer, and the handler returns `Result<diesel_inbox::BatchOutcome<T>, E>`.
+///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
+///   call of `diesel_inbox::__private::run_batch` in place of `run`.
+///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`. For a renamed dependency
 ///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate

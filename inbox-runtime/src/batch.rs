@@ -7,7 +7,6 @@
 //! markers are new. Everything else is as for one message: the body's writes and every new
 //! marker commit together or not at all.
 
-use std::fmt;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -17,14 +16,14 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::classify::classify;
-use crate::disposition::Disposition;
+use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::error::InvalidBatchKey;
+use crate::handler::Handler;
 use crate::key::InvalidKey;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Stop};
 use crate::report;
 use crate::session_check;
 use crate::test_transaction;
-use crate::transaction::{Enclosing, Handler, Stop, enclosing_transaction};
-use crate::verdict::Classify;
 
 /// What an `#[idempotent(batch = …)]` handler did with a batch: for each message, in the
 /// order given, whether it was processed or a duplicate, and the body's value.
@@ -71,70 +70,6 @@ impl<T> BatchOutcome<T> {
         Self {
             value: None,
             outcomes: vec![Outcome::Duplicate; len],
-        }
-    }
-}
-
-/// A message of the batch whose key cannot be stored. The whole batch is rejected before
-/// anything is written, so that the caller can set that message aside (dead-letter it)
-/// and deliver the others again. With several such keys it names the first that cannot
-/// be encoded (empty, too long), else the first the backend cannot store (a NUL on
-/// PostgreSQL); delivering the others again names the next.
-///
-/// Reaches the handler's caller wrapped in [`diesel::result::Error::SerializationError`]
-/// (classified `Permanent`); [`InvalidBatchKey::find`] takes it out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidBatchKey {
-    /// Index of the message in the batch.
-    pub index: usize,
-    /// What is wrong with its key.
-    pub reason: InvalidKey,
-}
-
-impl InvalidBatchKey {
-    /// The invalid key inside a handler's database error, if that is what it is.
-    pub fn find(error: &Error) -> Option<&Self> {
-        match error {
-            Error::SerializationError(inner) => inner.downcast_ref(),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for InvalidBatchKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "message {} of the batch: {}; nothing of the batch was written",
-            self.index, self.reason
-        )
-    }
-}
-
-impl std::error::Error for InvalidBatchKey {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.reason)
-    }
-}
-
-impl From<InvalidBatchKey> for Error {
-    fn from(invalid: InvalidBatchKey) -> Self {
-        Self::SerializationError(Box::new(invalid))
-    }
-}
-
-impl Disposition {
-    /// Settles a batch handler's result, for every message of the batch alike: `Ok` is
-    /// [`Disposition::Ack`] (each message was processed or a duplicate), an error is
-    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`], dead-letter the
-    /// message it names and redeliver the others.
-    pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
-    where
-        E: Classify + fmt::Display,
-    {
-        match result {
-            Ok(_) => Self::Ack,
-            Err(error) => Self::of_error(error),
         }
     }
 }
@@ -405,6 +340,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::{InvalidBatchKey, Markers, batch_keys};
+    use crate::error::InboxError;
     use crate::key::{InvalidKey, encode_key};
 
     fn markers(keys: &[&str]) -> Markers {
@@ -446,7 +382,10 @@ mod tests {
             }
         );
         let error = diesel::result::Error::from(rejected.clone());
-        assert_eq!(InvalidBatchKey::find(&error), Some(&rejected));
+        assert_eq!(
+            InboxError::find(&error),
+            Some(&InboxError::InvalidBatchKey(rejected))
+        );
         assert!(
             error.to_string().starts_with("message 2 of the batch: "),
             "{error}"

@@ -2,11 +2,12 @@
 
 use diesel::result::{DatabaseErrorKind, Error};
 
-use crate::backend::{UNSUPPORTED_SESSION, mysql, pg, sqlite};
-use crate::claims::ClaimError;
+use crate::backend::{UNSUPPORTED_SESSION, mysql, postgres, sqlite};
+use crate::error::InboxError;
 
 /// What an error means for the message that was being handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// A unique violation of the inbox's own index: the message was already processed.
     /// Acknowledge it.
@@ -45,7 +46,7 @@ pub fn classify(error: &Error) -> ErrorClass {
     match error {
         Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info) => {
             let info = info.as_ref();
-            if pg::names_inbox_index(info)
+            if postgres::names_inbox_index(info)
                 || mysql::names_inbox_index(info)
                 || sqlite::names_inbox_index(info)
             {
@@ -69,9 +70,11 @@ pub fn classify(error: &Error) -> ErrorClass {
         }
         // A claim lost to a takeover can be redelivered; every other refusal of claim
         // mode, like an invalid key or a fingerprint mismatch, is permanent.
-        Error::SerializationError(inner) => match inner.downcast_ref::<ClaimError>() {
-            Some(claim) if claim.is_transient() => ErrorClass::Transient,
-            Some(claim) if claim.leaves_connection_unusable() => ErrorClass::ConnectionUnusable,
+        Error::SerializationError(inner) => match inner.downcast_ref::<InboxError>() {
+            Some(InboxError::Claim(claim)) if claim.is_transient() => ErrorClass::Transient,
+            Some(InboxError::Claim(claim)) if claim.leaves_connection_unusable() => {
+                ErrorClass::ConnectionUnusable
+            }
             _ => ErrorClass::Permanent,
         },
         // The rollback after a failed COMMIT failed too: the transaction may still be
@@ -91,14 +94,14 @@ pub fn classify(error: &Error) -> ErrorClass {
 /// pool's next connection, or a later one, reaches the server that now takes writes.
 pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
     if message.starts_with(UNSUPPORTED_SESSION)
-        || pg::is_connection_lost(message)
+        || postgres::is_connection_lost(message)
         || mysql::is_connection_lost(message)
-        || pg::is_read_only(message)
+        || postgres::is_read_only(message)
         || mysql::is_read_only(message)
         || sqlite::is_read_only(message)
     {
         Some(ErrorClass::ConnectionUnusable)
-    } else if pg::is_transient(message)
+    } else if postgres::is_transient(message)
         || mysql::is_transient(message)
         || sqlite::is_transient(message)
     {
@@ -317,10 +320,10 @@ mod tests {
             "en_US.UTF-8",
             "en_GB",
         ] {
-            assert!(pg::speaks_english(english), "{english}");
+            assert!(postgres::speaks_english(english), "{english}");
         }
         for other in ["de_DE.UTF-8", "fr_FR", "ja_JP.UTF-8", "Catalan"] {
-            assert!(!pg::speaks_english(other), "{other}");
+            assert!(!postgres::speaks_english(other), "{other}");
         }
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use diesel::result::Error;
 
+use crate::batch::BatchOutcome;
 use crate::classify::ErrorClass;
 use crate::outcome::Outcome;
 use crate::verdict::Classify;
@@ -17,6 +18,7 @@ use crate::verdict::Classify;
 /// sending it back or to a dead-letter queue would only make it return later.
 #[must_use = "a Disposition says how to settle the delivery with the broker"]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Disposition {
     /// Acknowledge: the message was processed, now or by an earlier delivery.
     Ack,
@@ -72,6 +74,22 @@ impl Disposition {
             _ => Self::DeadLetter {
                 reason: error.to_string(),
             },
+        }
+    }
+}
+
+impl Disposition {
+    /// Settles a batch handler's result, for every message of the batch alike: `Ok` is
+    /// [`Disposition::Ack`] (each message was processed or a duplicate), an error is
+    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`], dead-letter the
+    /// message it names and redeliver the others.
+    pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
+    where
+        E: Classify + fmt::Display,
+    {
+        match result {
+            Ok(_) => Self::Ack,
+            Err(error) => Self::of_error(error),
         }
     }
 }

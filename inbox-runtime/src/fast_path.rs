@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// When to look for a committed marker before opening a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FastPath {
     /// Read first while a quarter or more of the handler's recent deliveries were
     /// duplicates: never during a stream of new messages, always during a replay.

@@ -9,6 +9,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _};
+use crate::error::FingerprintMismatch;
 
 /// The SHA-256 of a message's payload, as stored with its marker: 64 lowercase hex
 /// digits.
@@ -45,52 +46,6 @@ impl Fingerprint {
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// A delivery's key matched a marker whose payload fingerprint differs: the producer
-/// reused a message id for another message. Classified
-/// [`Permanent`](crate::ErrorClass::Permanent); the body did not run, and nothing was
-/// written. Never a duplicate: acknowledging it would lose the other message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FingerprintMismatch {
-    /// The stored key.
-    pub message_id: String,
-    /// The consumer.
-    pub consumer: String,
-    /// The fingerprint stored with the marker.
-    pub stored: String,
-    /// The fingerprint of this delivery's payload.
-    pub delivered: String,
-}
-
-impl FingerprintMismatch {
-    /// The mismatch inside a diesel error, when it is one.
-    pub fn of(error: &diesel::result::Error) -> Option<&Self> {
-        match error {
-            diesel::result::Error::SerializationError(inner) => inner.downcast_ref(),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for FingerprintMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "message {:?} for consumer {:?} was already seen with another payload \
-             (fingerprint {} stored, {} delivered): the producer reused the message id, \
-             and this delivery was not processed",
-            self.message_id, self.consumer, self.stored, self.delivered
-        )
-    }
-}
-
-impl std::error::Error for FingerprintMismatch {}
-
-impl From<FingerprintMismatch> for diesel::result::Error {
-    fn from(mismatch: FingerprintMismatch) -> Self {
-        Self::SerializationError(Box::new(mismatch))
     }
 }
 
@@ -166,7 +121,10 @@ mod tests {
             .expect_err("another payload");
         assert_eq!(mismatch.stored, "other");
         let error = diesel::result::Error::from(mismatch.clone());
-        assert_eq!(FingerprintMismatch::of(&error), Some(&mismatch));
+        assert_eq!(
+            crate::InboxError::find(&error),
+            Some(&crate::InboxError::FingerprintMismatch(mismatch))
+        );
         assert_eq!(crate::classify(&error), crate::ErrorClass::Permanent);
     }
 }

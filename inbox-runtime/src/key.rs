@@ -84,12 +84,6 @@ impl fmt::Display for InvalidKey {
 
 impl std::error::Error for InvalidKey {}
 
-impl From<InvalidKey> for diesel::result::Error {
-    fn from(invalid: InvalidKey) -> Self {
-        Self::SerializationError(Box::new(invalid))
-    }
-}
-
 /// Encodes `key` into the text stored as `message_id`, checking that it fits.
 pub fn encode_key<K: InboxKey + ?Sized>(key: &K) -> Result<String, InvalidKey> {
     let mut encoded = String::new();

@@ -16,8 +16,11 @@ pub mod broker;
 pub mod claims;
 mod classify;
 mod disposition;
+mod enclosing;
+mod error;
 mod fast_path;
 mod fingerprint;
+mod handler;
 mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -40,25 +43,29 @@ mod transaction;
 mod verdict;
 
 pub use backend::InboxBackend;
-pub use batch::{
-    BatchOutcome, BatchParameter, InvalidBatchKey, batch_keys, batch_messages, run_batch,
-};
-pub use claims::{Claim, ClaimError, ClaimPolicy, outside_any_claim, run_claimed};
+pub use batch::{BatchOutcome, BatchParameter, batch_keys, batch_messages, run_batch};
+pub use claims::{Claim, ClaimPolicy, outside_any_claim, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::{Disposition, find_database_error};
+pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey};
 pub use fast_path::FastPath;
-pub use fingerprint::{Fingerprint, FingerprintMismatch};
+pub use fingerprint::Fingerprint;
+pub use handler::{
+    ConnectionParameter, Handler, HandlerError, HandlerResult, RegisteredHandler, Registration,
+    fake_return, registered_handlers,
+};
+// The registration's expansion submits to the program-wide list through it.
+#[doc(hidden)]
+pub use inventory;
 pub use key::{InboxKey, InvalidKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use prune::prune;
 #[cfg(feature = "pruner")]
 pub use pruner::{ConnectionSource, Pace, Pruner, prune_paced};
-pub use registry::{RegisteredHandler, SharedConsumers, check_consumers, registered_handlers};
+pub use registry::{SharedConsumers, check_consumers};
 pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
-pub use transaction::{
-    ConnectionParameter, Handler, HandlerError, HandlerResult, fake_return, run,
-};
+pub use transaction::run;
 pub use verdict::{Classified, Classify, class_of, retry_after_of};

@@ -1,4 +1,10 @@
+//! How a call ends: the [`Outcome`] it returns, and why it stopped short of a commit.
+
 use std::time::Duration;
+
+use diesel::result::Error;
+
+use crate::key::InvalidKey;
 
 /// What an `#[idempotent]` handler did with one delivery.
 ///
@@ -63,5 +69,24 @@ impl<T> Outcome<T> {
             Self::Duplicate => Outcome::Duplicate,
             Self::InProgress { lease_remaining } => Outcome::InProgress { lease_remaining },
         }
+    }
+}
+
+/// Why a call ended without committing.
+pub(crate) enum Stop<E> {
+    Duplicate,
+    Database(Error),
+    Handler(E),
+}
+
+impl<E> From<Error> for Stop<E> {
+    fn from(error: Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+impl<E> From<InvalidKey> for Stop<E> {
+    fn from(invalid: InvalidKey) -> Self {
+        Self::Database(invalid.into())
     }
 }

@@ -18,7 +18,8 @@ use crate::prune::prune_in_batches;
 /// time the batch took, so that it deletes during at most a share of its run and leaves
 /// the rest of the database's CPU and locks to the handlers. Deleting a million markers
 /// flat out beside 8 consumers took a third to three quarters of their throughput on a
-/// 2-core machine; see the README's "What it costs" for the paced figures.
+/// 2-core machine; [the costs guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/costs/index.html#a-large-inbox-and-pruning)
+/// gives the paced figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pace {
     rest: u32,

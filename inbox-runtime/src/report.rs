@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::registry::RegisteredHandler;
+use crate::handler::RegisteredHandler;
 
 /// One span per delivery, named after what it does, with OpenTelemetry's messaging
 /// attribute names where one fits: the consumer is the consumer group, the key the

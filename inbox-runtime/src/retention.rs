@@ -9,8 +9,8 @@ use std::time::Duration;
 /// most deliveries a message gets, plus how long a message may wait in the queue before
 /// its first delivery (its time-to-live), plus a margin for a message that an operator
 /// resubmits from the dead-letter queue. A marker pruned sooner lets such a delivery
-/// through as a new message. The README works it out for RabbitMQ, NATS JetStream,
-/// Kafka, Amazon SQS and Azure Service Bus.
+/// through as a new message. [The pruning guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/pruning/index.html#how-long-to-keep-markers)
+/// works it out for RabbitMQ, NATS JetStream, Kafka, Amazon SQS and Azure Service Bus.
 ///
 /// ```
 /// # use inbox_runtime as diesel_inbox;

@@ -16,7 +16,7 @@ use diesel_async::{AsyncConnection, TransactionManager};
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
-use crate::transaction::Stop;
+use crate::outcome::Stop;
 
 /// Set where a call's transaction would begin.
 macro_rules! savepoint {
@@ -33,17 +33,6 @@ const ROLL_BACK_TO_SAVEPOINT: &str = concat!(
     "; RELEASE SAVEPOINT ",
     savepoint!()
 );
-
-/// Whether `conn` is inside a test transaction and in nothing else.
-pub(crate) fn is_open<C: AsyncConnection>(conn: &mut C) -> bool {
-    // diesel keeps the test flag private. It shows as an open transaction that
-    // `is_broken_transaction_manager`, which pools ask before reusing a connection,
-    // accepts. Depth 1 leaves out the savepoints of `conn.transaction` and of a handler
-    // running inside it.
-    let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
-    matches!(depth, Ok(Some(depth)) if depth.get() == 1)
-        && !C::TransactionManager::is_broken_transaction_manager(conn)
-}
 
 /// Runs the call as [`crate::run`] does, on a savepoint of the test transaction.
 pub(crate) async fn process<C, T, E, F>(

@@ -4,143 +4,20 @@ use std::time::Instant;
 
 use diesel::result::Error;
 use diesel_async::AsyncConnection;
-use diesel_async::TransactionManager;
 use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::classify::classify;
-use crate::fast_path::{DuplicateShare, FastPath};
+use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::fast_path::FastPath;
 use crate::fingerprint::Fingerprint;
+use crate::handler::Handler;
 use crate::key::InvalidKey;
-use crate::outcome::Outcome;
-use crate::registry::{self, RegisteredHandler};
+use crate::outcome::{Outcome, Stop};
 use crate::report;
 use crate::session_check;
 use crate::test_transaction;
-
-/// One `#[idempotent]` handler as [`run`] sees it: its registration, its place in the
-/// list of registered handlers, and the recent outcomes its adaptive fast path goes by.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct Handler {
-    pub(crate) registration: RegisteredHandler,
-    pub(crate) link: registry::Link,
-    recent_duplicates: DuplicateShare,
-}
-
-impl Handler {
-    #[doc(hidden)]
-    pub const fn new(registration: RegisteredHandler) -> Self {
-        Self {
-            registration,
-            link: registry::Link::new(),
-            recent_duplicates: DuplicateShare::new(),
-        }
-    }
-
-    /// Lists the handler in `registered_handlers`; `register_handler!` calls it before
-    /// `main`.
-    #[doc(hidden)]
-    pub fn register(&'static self) {
-        registry::register(self);
-    }
-}
-
-/// The error type of an `#[idempotent]` handler: one that database errors convert into.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be the error type of an `#[idempotent]` handler",
-    label = "this error type has no `From<diesel::result::Error>`",
-    note = "the inbox's own database errors are returned through it: implement \
-            `From<diesel::result::Error>` for `{Self}` (with thiserror, a `#[from]` variant)"
-)]
-pub trait HandlerError: Sized {
-    /// Wraps a database error.
-    fn from_diesel(error: Error) -> Self;
-}
-
-impl<E: From<Error>> HandlerError for E {
-    fn from_diesel(error: Error) -> Self {
-        Self::from(error)
-    }
-}
-
-/// Never called: the `#[idempotent]` expansion writes `if false { return
-/// fake_return::<R>(); }` at the top of the body's closure, so that rustc checks the
-/// body against the handler's declared return type `R` and coerces inside it
-/// (`Ok(Box::new(x))` for `Result<Box<dyn Trait>, E>`), as it does for a plain
-/// `async fn`. A call returning `R`, unlike a diverging `loop {}`, adds no unreachable
-/// code to warn about.
-#[doc(hidden)]
-pub fn fake_return<R>() -> R {
-    unreachable!("`fake_return` is only named in a branch that never runs")
-}
-
-/// The connection parameter of an `#[idempotent]` handler, as `run` takes it: a `&mut`
-/// borrow. Through this trait, rather than `run`'s own `&mut C`, a connection taken by
-/// value is reported at the handler's parameter with what to write instead.
-#[diagnostic::on_unimplemented(
-    message = "the connection parameter of an `#[idempotent]` handler must be a `&mut` \
-               borrow, not `{Self}`",
-    label = "taken by value",
-    note = "the transaction runs on a borrow of the connection, which the caller keeps: \
-            take `conn: &mut {Self}` and pass `&mut conn`"
-)]
-pub trait ConnectionParameter<'c> {
-    /// The connection the transaction runs on.
-    type Connection: ?Sized;
-
-    /// The borrow `run` takes.
-    fn borrow(self) -> &'c mut Self::Connection;
-}
-
-impl<'c, C: ?Sized> ConnectionParameter<'c> for &'c mut C {
-    type Connection = C;
-
-    fn borrow(self) -> &'c mut C {
-        self
-    }
-}
-
-/// The return type of an `#[idempotent]` handler, as written: `Result<T, E>` or an alias
-/// of it, such as `diesel::QueryResult<T>` or `anyhow::Result<T>`. The attribute reads
-/// `T` and `E` of an alias through this trait, since it sees only the alias's tokens.
-#[diagnostic::on_unimplemented(
-    message = "`#[idempotent]` handlers return a `Result`, not `{Self}`",
-    label = "not a `Result`",
-    note = "the handler returns `Result<Outcome<T>, E>` for a declared `Result<T, E>`, with \
-            `E: From<diesel::result::Error>`"
-)]
-pub trait HandlerResult {
-    /// `T` of `Result<T, E>`.
-    type Ok;
-    /// `E` of `Result<T, E>`.
-    type Err;
-}
-
-impl<T, E> HandlerResult for Result<T, E> {
-    type Ok = T;
-    type Err = E;
-}
-
-/// Why a call ended without committing.
-pub(crate) enum Stop<E> {
-    Duplicate,
-    Database(Error),
-    Handler(E),
-}
-
-impl<E> From<Error> for Stop<E> {
-    fn from(error: Error) -> Self {
-        Self::Database(error)
-    }
-}
-
-impl<E> From<InvalidKey> for Stop<E> {
-    fn from(invalid: InvalidKey) -> Self {
-        Self::Database(invalid.into())
-    }
-}
 
 /// Runs `body` exactly once per (`message_id`, `consumer`), in one transaction with the
 /// marker row. This is what `#[idempotent]` expands to.
@@ -296,28 +173,4 @@ where
             Err(better) => Err(Stop::Database(better)),
         },
     }
-}
-
-/// The transaction a call finds its connection in, where it can run.
-pub(crate) enum Enclosing {
-    Nothing,
-    /// Opened by `begin_test_transaction`, and nothing open inside it.
-    TestTransaction,
-}
-
-/// Refuses a connection inside any other transaction, or whose transaction state is
-/// unknown.
-pub(crate) fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
-    if test_transaction::is_open(conn) {
-        return Ok(Enclosing::TestTransaction);
-    }
-    let status = C::TransactionManager::transaction_manager_status_mut(conn);
-    if status.transaction_depth()?.is_some() {
-        return Err(Error::AlreadyInTransaction);
-    }
-    // Set when a future was dropped while BEGIN, COMMIT or ROLLBACK was in flight.
-    if C::TransactionManager::is_broken_transaction_manager(conn) {
-        return Err(Error::BrokenTransactionManager);
-    }
-    Ok(Enclosing::Nothing)
 }

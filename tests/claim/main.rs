@@ -4,15 +4,6 @@
 //! Each scenario runs on every backend whose server is configured, in a place of its
 //! own made by `diesel_inbox::testing`.
 
-#![cfg(all(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "testing"
-))]
-
-mod downstream;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,12 +11,12 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection as _};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{
-    Claim, ClaimError, Disposition, ErrorClass, FingerprintMismatch, InboxBackend, Outcome, claims,
+    Claim, ClaimError, Disposition, ErrorClass, InboxBackend, InboxError, Outcome, claims,
     classify, idempotent,
 };
+use inbox_fixtures::credit::Credit;
+use inbox_fixtures::downstream::Downstream;
 use tokio::sync::Notify;
-
-use downstream::Downstream;
 
 /// What a test's handler failed with.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +59,15 @@ impl Order {
         Self {
             id: id.to_owned(),
             payload: format!("{{\"order\":\"{id}\",\"amount\":100}}"),
+        }
+    }
+
+    /// What its receipt charges downstream.
+    fn charge(&self) -> Credit {
+        Credit {
+            message_id: self.id.clone(),
+            account: 0,
+            amount: 100,
         }
     }
 }
@@ -113,14 +113,18 @@ impl Script {
 
 /// The body every claim handler here runs: charge downstream under the claim's
 /// idempotency key, and return the attempt.
-async fn charge_under_claim(downstream: &Downstream, script: &Script) -> Result<u32, TestError> {
+async fn charge_under_claim(
+    downstream: &Downstream,
+    order: &Order,
+    script: &Script,
+) -> Result<u32, TestError> {
     let claim = Claim::current();
     script.claimed.notify_one();
     if script.hold_before_call {
         script.proceed.notified().await;
     }
     downstream
-        .charge(&claim.idempotency_key().to_string())
+        .credit(&claim.idempotency_key().to_string(), &order.charge())
         .await?;
     script.called.notify_one();
     if script.hold_after_call {
@@ -145,7 +149,7 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    charge_under_claim(downstream, script).await
+    charge_under_claim(downstream, order, script).await
 }
 
 #[idempotent(consumer = "receipt-limited", key = order.id.as_str(), claim, max_attempts = 2)]
@@ -159,7 +163,7 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    charge_under_claim(downstream, script).await
+    charge_under_claim(downstream, order, script).await
 }
 
 #[idempotent(consumer = "withdrawal", key = order.id.as_str(), claim, lease = lease,
@@ -175,7 +179,7 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    charge_under_claim(downstream, script).await
+    charge_under_claim(downstream, order, script).await
 }
 
 /// What the pattern is without claim mode: look for a marker, call, then record one.
@@ -193,7 +197,9 @@ async fn naive_send_receipt<C: TestConnection>(
         return Ok(());
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
-    downstream.charge(&format!("naive-{}", order.id)).await?;
+    downstream
+        .credit(&format!("naive-{}", order.id), &order.charge())
+        .await?;
     // No unique index stops a second marker here: the check above was the guard.
     let _second_marker_refused = conn
         .batch_execute(&format!(
@@ -267,7 +273,7 @@ async fn redeliver_until_taken_over<C: TestConnection>(
 const CONSUMERS: usize = 6;
 
 async fn race<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let orders: Vec<Order> = (0..20).map(|n| Order::new(&format!("race-{n}"))).collect();
     let consumers: Vec<_> = (0..CONSUMERS)
         .map(|_| {
@@ -312,7 +318,7 @@ async fn race<C: TestConnection>(db: TestDatabase<C>) {
 }
 
 async fn race_catches_the_naive_handler<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let consumers: Vec<_> = (0..CONSUMERS)
         .map(|_| {
             let (db, downstream) = (db.clone(), downstream.clone());
@@ -337,7 +343,7 @@ async fn race_catches_the_naive_handler<C: TestConnection>(db: TestDatabase<C>) 
 }
 
 async fn crash_after_the_claim<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("crash-before-call");
     die_inside_the_body(
         &db,
@@ -387,7 +393,7 @@ fn child_claims_then_hangs() {
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
-        let downstream = Downstream::start().await;
+        let downstream = Downstream::start().await.expect("start downstream");
         let order = Order::new("killed");
         let script = Script::hold_before_call();
         let claimed = Arc::clone(&script);
@@ -459,7 +465,7 @@ async fn crash_after_the_claim_in_a_killed_process<C: TestConnection>(db: TestDa
     }
     // SIGKILL: no destructor, no rollback, no release; the claim stays until its lease ends.
     child.kill().await.expect("kill the child");
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("killed");
     let mut conn = db.connect().await.expect("connect");
     let early = deliver(&mut conn, &downstream, &order, SHORT_LEASE, &Script::run()).await;
@@ -470,7 +476,7 @@ async fn crash_after_the_claim_in_a_killed_process<C: TestConnection>(db: TestDa
 }
 
 async fn crash_after_the_call<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("crash-after-call");
     die_inside_the_body(
         &db,
@@ -489,7 +495,7 @@ async fn crash_after_the_call<C: TestConnection>(db: TestDatabase<C>) {
 }
 
 async fn outliving_the_lease_loses_the_claim<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("slow");
     let script = Script::hold_after_call();
     let slow = {
@@ -509,8 +515,8 @@ async fn outliving_the_lease_loses_the_claim<C: TestConnection>(db: TestDatabase
         .expect("the slow delivery")
         .expect_err("its claim was lost");
     assert_eq!(
-        ClaimError::of(lost.database()),
-        Some(&ClaimError::Lost { attempt: 1 })
+        InboxError::find(lost.database()),
+        Some(&InboxError::Claim(ClaimError::Lost { attempt: 1 }))
     );
     assert_eq!(classify(lost.database()), ErrorClass::Transient);
     assert_eq!((downstream.calls(), downstream.effects()), (2, 1));
@@ -551,7 +557,7 @@ where
 {
     let claim = Claim::current();
     downstream
-        .charge(&claim.idempotency_key().to_string())
+        .credit(&claim.idempotency_key().to_string(), &order.charge())
         .await?;
     let cut_short = Duration::from_millis(100);
     match how {
@@ -577,14 +583,16 @@ where
 /// lease ends, is taken over by the redelivery.
 async fn body_left_in_a_transaction<C: TestConnection>(db: TestDatabase<C>) {
     for how in [LeftOpen::Transaction, LeftOpen::Handler] {
-        let downstream = Downstream::start().await;
+        let downstream = Downstream::start().await.expect("start downstream");
         let order = Order::new(&format!("left-open-{how:?}"));
         let mut conn = db.connect().await.expect("connect");
         let left = leave_a_transaction_open(&mut conn, &downstream, &order, Some(how)).await;
         let error = left.expect_err("never Processed");
         assert_eq!(
-            ClaimError::of(error.database()),
-            Some(&ClaimError::TransactionLeftOpen { attempt: 1 }),
+            InboxError::find(error.database()),
+            Some(&InboxError::Claim(ClaimError::TransactionLeftOpen {
+                attempt: 1
+            })),
             "{how:?}"
         );
         assert_eq!(classify(error.database()), ErrorClass::ConnectionUnusable);
@@ -690,14 +698,16 @@ where
 {
     let claim = Claim::current();
     let key = claim.idempotency_key().to_string();
-    downstream.charge(&key).await?;
+    downstream.credit(&key, &order.charge()).await?;
     script.called.notify_one();
     if script.hold_after_call {
         script.proceed.notified().await;
     }
     if renew {
         claim.renew(conn).await?;
-        downstream.charge(&format!("{key}-step-2")).await?;
+        downstream
+            .credit(&format!("{key}-step-2"), &order.charge())
+            .await?;
     }
     Ok(claim.attempt())
 }
@@ -708,7 +718,7 @@ where
 /// end in `ClaimError::Lost` for the stale holder, and the taker completes.
 async fn a_stale_holder_never_settles_the_takers_claim<C: TestConnection>(db: TestDatabase<C>) {
     for renew in [false, true] {
-        let downstream = Downstream::start().await;
+        let downstream = Downstream::start().await.expect("start downstream");
         let order = Order::new(&format!("stale-holder-{renew}"));
         let hold = |script: &Arc<Script>| {
             let (db, downstream, order, script) = (
@@ -734,8 +744,8 @@ async fn a_stale_holder_never_settles_the_takers_claim<C: TestConnection>(db: Te
         stale_script.proceed.notify_one();
         let lost = stale.await.expect("the stale holder").expect_err("lost");
         assert_eq!(
-            ClaimError::of(lost.database()),
-            Some(&ClaimError::Lost { attempt: 1 }),
+            InboxError::find(lost.database()),
+            Some(&InboxError::Claim(ClaimError::Lost { attempt: 1 })),
             "renew: {renew}"
         );
         let mut conn = db.connect().await.expect("connect");
@@ -755,7 +765,7 @@ async fn a_stale_holder_never_settles_the_takers_claim<C: TestConnection>(db: Te
 }
 
 async fn a_renewed_claim_outlives_its_first_lease<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("renewed");
     let script = Script::hold_after_call();
     let slow = {
@@ -791,7 +801,7 @@ where
 {
     let claim = Claim::current();
     downstream
-        .charge(&claim.idempotency_key().to_string())
+        .credit(&claim.idempotency_key().to_string(), &order.charge())
         .await?;
     script.called.notify_one();
     if script.hold_after_call {
@@ -808,7 +818,7 @@ where
 }
 
 async fn many_takers<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("many-takers");
     die_inside_the_body(
         &db,
@@ -845,7 +855,7 @@ async fn many_takers<C: TestConnection>(db: TestDatabase<C>) {
 }
 
 async fn failing_body_releases_the_claim<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("fails-once");
     let mut conn = db.connect().await.expect("connect");
     let failed = deliver(&mut conn, &downstream, &order, LONG_LEASE, &Script::fail()).await;
@@ -856,7 +866,7 @@ async fn failing_body_releases_the_claim<C: TestConnection>(db: TestDatabase<C>)
 }
 
 async fn attempts_are_limited<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("poison");
     let mut conn = db.connect().await.expect("connect");
     for _ in 0..2 {
@@ -869,8 +879,10 @@ async fn attempts_are_limited<C: TestConnection>(db: TestDatabase<C>) {
         .await
         .expect_err("out of attempts");
     assert_eq!(
-        ClaimError::of(exhausted.database()),
-        Some(&ClaimError::AttemptsExhausted { attempts: 2 })
+        InboxError::find(exhausted.database()),
+        Some(&InboxError::Claim(ClaimError::AttemptsExhausted {
+            attempts: 2
+        }))
     );
     assert_eq!(classify(exhausted.database()), ErrorClass::Permanent);
     assert_eq!(downstream.calls(), calls, "the body did not run again");
@@ -900,7 +912,7 @@ async fn attempts_are_limited<C: TestConnection>(db: TestDatabase<C>) {
 }
 
 async fn expired_claims_are_quarantined<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("withdrawal-1");
     {
         let mut conn = db.connect().await.expect("connect");
@@ -920,8 +932,8 @@ async fn expired_claims_are_quarantined<C: TestConnection>(db: TestDatabase<C>) 
         .await
         .expect_err("quarantined");
     assert_eq!(
-        ClaimError::of(refused.database()),
-        Some(&ClaimError::Quarantined { attempts: 1 })
+        InboxError::find(refused.database()),
+        Some(&InboxError::Claim(ClaimError::Quarantined { attempts: 1 }))
     );
     assert_eq!(downstream.calls(), 1, "never called twice without a person");
     let refused = Err::<Outcome<u32>, _>(refused);
@@ -948,7 +960,7 @@ async fn expired_claims_are_quarantined<C: TestConnection>(db: TestDatabase<C>) 
 }
 
 async fn fingerprints_tell_reuse_from_redelivery<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("fingerprinted");
     let mut conn = db.connect().await.expect("connect");
     let first = deliver(&mut conn, &downstream, &order, LONG_LEASE, &Script::run()).await;
@@ -962,7 +974,9 @@ async fn fingerprints_tell_reuse_from_redelivery<C: TestConnection>(db: TestData
     let mismatch = deliver(&mut conn, &downstream, &reused, LONG_LEASE, &Script::run())
         .await
         .expect_err("another payload");
-    let found = FingerprintMismatch::of(mismatch.database()).expect("a fingerprint mismatch");
+    let Some(InboxError::FingerprintMismatch(found)) = InboxError::find(mismatch.database()) else {
+        panic!("a fingerprint mismatch: {mismatch}");
+    };
     assert_eq!(found.message_id, "fingerprinted");
     assert_eq!(classify(mismatch.database()), ErrorClass::Permanent);
     assert_eq!(
@@ -973,7 +987,7 @@ async fn fingerprints_tell_reuse_from_redelivery<C: TestConnection>(db: TestData
 }
 
 async fn a_lease_out_of_range_writes_nothing<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let mut conn = db.connect().await.expect("connect");
     let order = Order::new("no-lease");
     for lease in [Duration::ZERO, Duration::from_secs(8 * 24 * 3600)] {
@@ -981,8 +995,8 @@ async fn a_lease_out_of_range_writes_nothing<C: TestConnection>(db: TestDatabase
             .await
             .expect_err("no such lease");
         assert_eq!(
-            ClaimError::of(refused.database()),
-            Some(&ClaimError::InvalidLease { lease })
+            InboxError::find(refused.database()),
+            Some(&InboxError::Claim(ClaimError::InvalidLease { lease }))
         );
         assert_eq!(classify(refused.database()), ErrorClass::Permanent);
     }
@@ -993,7 +1007,7 @@ async fn a_lease_out_of_range_writes_nothing<C: TestConnection>(db: TestDatabase
 }
 
 async fn live_claims_are_never_pruned<C: TestConnection>(db: TestDatabase<C>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let mut conn = db.connect().await.expect("connect");
     let done = Order::new("completed");
     let outcome = deliver(&mut conn, &downstream, &done, LONG_LEASE, &Script::run()).await;
@@ -1065,7 +1079,13 @@ async fn fingerprints_in_transactional_mode<C: TestConnection>(db: TestDatabase<
         let mismatch = record(&mut conn, (key, "other payload"), read_first)
             .await
             .expect_err("another payload");
-        assert!(FingerprintMismatch::of(&mismatch).is_some(), "{mismatch}");
+        assert!(
+            matches!(
+                InboxError::find(&mismatch),
+                Some(InboxError::FingerprintMismatch(_))
+            ),
+            "{mismatch}"
+        );
         assert_eq!(classify(&mismatch), ErrorClass::Permanent);
     }
     let entries = select_i64(&mut conn, "SELECT COUNT(*) FROM ledger")
@@ -1179,7 +1199,7 @@ async fn upgrade_in_place_while_handlers_run<C: TestConnection>(db: TestDatabase
         .expect("count");
     assert_eq!(entries, 50 + 30, "each message applied once");
     // The upgraded table takes claims and fingerprints.
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("after-upgrade");
     let claimed = deliver(&mut conn, &downstream, &order, LONG_LEASE, &Script::run()).await;
     assert_eq!(claimed.expect("claim mode"), Outcome::Processed(1));
@@ -1270,7 +1290,7 @@ on_every_backend!(
 /// `init_connect` leaves every session: the claim and its completion still commit on
 /// their own, and the session gets its setting back.
 async fn a_session_without_autocommit(db: TestDatabase<diesel_async::AsyncMysqlConnection>) {
-    let downstream = Downstream::start().await;
+    let downstream = Downstream::start().await.expect("start downstream");
     let order = Order::new("without-autocommit");
     let mut holder = db.connect().await.expect("connect");
     holder

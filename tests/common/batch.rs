@@ -8,8 +8,8 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_inbox::testing::select_i64;
 use diesel_inbox::{
-    BatchOutcome, ErrorClass, InboxBackend, InvalidBatchKey, InvalidKey, Outcome, classify,
-    idempotent,
+    BatchOutcome, ErrorClass, InboxBackend, InboxError, InvalidBatchKey, InvalidKey, Outcome,
+    classify, idempotent,
 };
 use tokio::sync::Barrier;
 
@@ -64,7 +64,7 @@ async fn naive_batch_credit<D: TestDb>(
         let seen = select_i64(
             conn,
             &format!(
-                "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
+                "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}' AND consumer = 'naive'",
                 credit.message_id
             ),
         )
@@ -77,7 +77,7 @@ async fn naive_batch_credit<D: TestDb>(
         tokio::time::sleep(Duration::from_millis(1)).await;
         for credit in &new {
             conn.batch_execute(&format!(
-                "INSERT INTO naive_inbox (message_id) VALUES ('{}')",
+                "INSERT INTO naive_inbox (message_id, consumer) VALUES ('{}', 'naive')",
                 credit.message_id
             ))
             .await?;
@@ -116,9 +116,9 @@ fn compositions(worker: usize, round: i64, per_round: i64) -> Vec<Vec<Credit>> {
     let split = 1 + worker % (per_round as usize - 1);
     let (first, second) = ids.split_at(split);
     // Every worker also sends one message of the round twice in its first batch.
-    let mut first: Vec<Credit> = first.iter().map(|&n| Credit::new(n)).collect();
-    first.push(Credit::new(second[0]));
-    vec![first, second.iter().map(|&n| Credit::new(n)).collect()]
+    let mut first: Vec<Credit> = first.iter().map(|&n| Credit::numbered(n)).collect();
+    first.push(Credit::numbered(second[0]));
+    vec![first, second.iter().map(|&n| Credit::numbered(n)).collect()]
 }
 
 async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: i64) -> RaceReport {
@@ -188,7 +188,7 @@ pub async fn batch_race_catches_the_naive_handler<D: TestDb>(db: D) {
 pub async fn batch_counts_a_repeated_key_once<D: TestDb>(db: D) {
     create_tables(&db, 3).await;
     let mut conn = db.connect().await;
-    let batch: Vec<Credit> = [0, 1, 0, 2, 1].into_iter().map(Credit::new).collect();
+    let batch: Vec<Credit> = [0, 1, 0, 2, 1].into_iter().map(Credit::numbered).collect();
     let outcome = batch_credit(&mut conn, &batch).await.unwrap();
     use Outcome::{Duplicate as D, Processed as P};
     assert_eq!(outcome.outcomes(), [P(()), P(()), D, P(()), D]);
@@ -216,18 +216,22 @@ pub async fn batch_counts_a_repeated_key_once<D: TestDb>(db: D) {
 pub async fn mixed_batch_waits_for_the_holder<D: TestDb>(db: D, holder_commits: bool) {
     create_tables(&db, 4).await;
     let mut conn = db.connect().await;
-    let committed = batch_credit(&mut conn, &[Credit::new(0)]).await.unwrap();
+    let committed = batch_credit(&mut conn, &[Credit::numbered(0)])
+        .await
+        .unwrap();
     assert_eq!(committed.processed(), 1);
 
     let gate = Gate::held(!holder_commits);
     let holder = {
         let gate = Arc::clone(&gate);
         let mut conn = db.connect().await;
-        tokio::spawn(async move { gated_batch_credit(&mut conn, &[Credit::new(1)], &gate).await })
+        tokio::spawn(
+            async move { gated_batch_credit(&mut conn, &[Credit::numbered(1)], &gate).await },
+        )
     };
     gate.entered.notified().await;
     let mixed = tokio::spawn(async move {
-        let batch: Vec<Credit> = [2, 0, 1, 3].into_iter().map(Credit::new).collect();
+        let batch: Vec<Credit> = [2, 0, 1, 3].into_iter().map(Credit::numbered).collect();
         batch_credit(&mut conn, &batch).await
     });
     until_a_lock_waits(&db).await;
@@ -272,7 +276,7 @@ async fn inbox_rows<D: TestDb>(db: &D) -> i64 {
 pub async fn failing_batch_rolls_back_every_marker<D: TestDb>(db: D) {
     create_tables(&db, 5).await;
     let mut conn = db.connect().await;
-    let batch: Vec<Credit> = (0..5).map(Credit::new).collect();
+    let batch: Vec<Credit> = (0..5).map(Credit::numbered).collect();
     let failed = gated_batch_credit(&mut conn, &batch, &Gate::new(false, true)).await;
     assert!(
         matches!(failed, Err(Error::RollbackTransaction)),
@@ -289,7 +293,7 @@ pub async fn failing_batch_rolls_back_every_marker<D: TestDb>(db: D) {
 /// A batch dropped inside its body commits nothing, and its connection is refused.
 pub async fn cancelled_batch_commits_nothing<D: TestDb>(db: D) {
     create_tables(&db, 3).await;
-    let batch: Vec<Credit> = (0..3).map(Credit::new).collect();
+    let batch: Vec<Credit> = (0..3).map(Credit::numbered).collect();
     let mut conn = db.connect().await;
     let gate = Gate::held(false);
     {
@@ -344,7 +348,7 @@ pub async fn batch_rolled_back_underneath_commits_nothing<D: TestDb>(
 
     create_tables(&db, 2).await;
     let mut conn = db.connect().await;
-    let batch = [Credit::new(0), Credit::new(1)];
+    let batch = [Credit::numbered(0), Credit::numbered(1)];
     let error = swallowing(&mut conn, &batch, swallowed)
         .await
         .expect_err("a transaction rolled back underneath is not processed");
@@ -373,7 +377,7 @@ pub async fn batch_beyond_the_bind_limit<D: TestDb>(db: D) {
     }
 
     const MESSAGES: i64 = 33_000;
-    let batch: Vec<Credit> = (0..MESSAGES).map(Credit::new).collect();
+    let batch: Vec<Credit> = (0..MESSAGES).map(Credit::numbered).collect();
     let mut conn = db.connect().await;
     let outcome = count(&mut conn, &batch).await.unwrap();
     assert_eq!(outcome.value(), Some(&(MESSAGES as usize)));
@@ -400,15 +404,15 @@ pub async fn empty_batch_is_a_no_op<D: TestDb>(db: D) {
 pub async fn invalid_key_rejects_the_whole_batch<D: TestDb>(db: D) {
     create_tables(&db, 4).await;
     let mut conn = db.connect().await;
-    let mut batch: Vec<Credit> = (0..4).map(Credit::new).collect();
+    let mut batch: Vec<Credit> = (0..4).map(Credit::numbered).collect();
     batch[2].message_id.clear();
     let error = batch_credit(&mut conn, &batch).await.unwrap_err();
     assert_eq!(
-        InvalidBatchKey::find(&error),
-        Some(&InvalidBatchKey {
+        InboxError::find(&error),
+        Some(&InboxError::InvalidBatchKey(InvalidBatchKey {
             index: 2,
             reason: InvalidKey::Empty
-        })
+        }))
     );
     assert_eq!(classify(&error), ErrorClass::Permanent);
     assert!(
@@ -430,16 +434,17 @@ pub async fn batch_runs_inside_a_test_transaction<D: TestDb>(db: D) {
     create_tables(&db, 3).await;
     let mut conn = db.connect().await;
     conn.begin_test_transaction().await.unwrap();
-    let first = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)])
+    let first = batch_credit(&mut conn, &[Credit::numbered(0), Credit::numbered(1)])
         .await
         .unwrap();
     assert_eq!(first.processed(), 2);
-    let second = batch_credit(&mut conn, &[Credit::new(1), Credit::new(2)])
+    let second = batch_credit(&mut conn, &[Credit::numbered(1), Credit::numbered(2)])
         .await
         .unwrap();
     use Outcome::{Duplicate as D, Processed as P};
     assert_eq!(second.outcomes(), [D, P(())]);
-    let failed = gated_batch_credit(&mut conn, &[Credit::new(3)], &Gate::new(false, true)).await;
+    let failed =
+        gated_batch_credit(&mut conn, &[Credit::numbered(3)], &Gate::new(false, true)).await;
     assert!(
         matches!(failed, Err(Error::RollbackTransaction)),
         "{failed:?}"

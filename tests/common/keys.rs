@@ -9,7 +9,7 @@ use diesel::result::Error;
 use diesel_async::SimpleAsyncConnection as _;
 use diesel_inbox::schema::MESSAGE_ID_MAX_BYTES;
 use diesel_inbox::testing::select_i64;
-use diesel_inbox::{InboxKey, InvalidBatchKey, InvalidKey, Outcome};
+use diesel_inbox::{InboxError, InboxKey, InvalidBatchKey, InvalidKey, Outcome};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree as _;
 use proptest::test_runner::{Config, TestRunner};
@@ -108,6 +108,7 @@ where
         .map(|key| Credit {
             message_id: key.clone(),
             account: 0,
+            amount: 1,
         })
         .collect();
     let mut stored = BTreeSet::new();
@@ -153,8 +154,11 @@ where
         Some((index, reason)) => {
             let error = batch.expect_err("the batch is refused");
             assert_eq!(
-                InvalidBatchKey::find(&error),
-                Some(&InvalidBatchKey { index, reason }),
+                InboxError::find(&error),
+                Some(&InboxError::InvalidBatchKey(InvalidBatchKey {
+                    index,
+                    reason
+                })),
                 "{keys:?}"
             );
             assert_stored(conn, storage, "batch_credit", &BTreeSet::new()).await;
@@ -193,8 +197,8 @@ where
 }
 
 fn invalid_key(error: &Error) -> Option<&InvalidKey> {
-    match error {
-        Error::SerializationError(inner) => inner.downcast_ref(),
+    match InboxError::find(error)? {
+        InboxError::InvalidKey(invalid) => Some(invalid),
         _ => None,
     }
 }

@@ -15,6 +15,8 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
+pub use inbox_fixtures::credit::Credit;
+use inbox_fixtures::credit::CreditTables;
 use tokio::sync::{Barrier, Notify};
 
 pub mod batch;
@@ -29,7 +31,7 @@ pub mod verdicts;
 
 /// A database a test has to itself, and what its suite knows about the backend.
 pub trait TestDb: Clone + Send + Sync + 'static {
-    type Conn: TestConnection;
+    type Conn: TestConnection + CreditTables;
 
     /// The test's own schema, database or file, with the inbox migrated.
     fn database(&self) -> &TestDatabase<Self::Conn>;
@@ -94,27 +96,11 @@ pub async fn connect_with<D: TestDb>(db: &D, settings: &str) -> D::Conn {
     conn
 }
 
-/// One delivery of a credit message.
-#[derive(Debug, Clone)]
-pub struct Credit {
-    pub message_id: String,
-    pub account: i64,
-}
-
-impl Credit {
-    pub fn new(n: i64) -> Self {
-        Self {
-            message_id: format!("msg-{n}"),
-            account: n,
-        }
-    }
-}
-
-/// The business write: one row per message gains 1.
+/// The business write: the message's account gains its amount.
 pub async fn apply<C: AsyncConnection>(conn: &mut C, credit: &Credit) -> Result<(), Error> {
     conn.batch_execute(&format!(
-        "UPDATE accounts SET balance = balance + 1 WHERE id = {}",
-        credit.account
+        "UPDATE accounts SET balance = balance + {} WHERE id = {}",
+        credit.amount, credit.account
     ))
     .await
 }
@@ -177,7 +163,7 @@ pub async fn naive_credit<D: TestDb>(
     let seen = select_i64(
         conn,
         &format!(
-            "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}'",
+            "SELECT COUNT(*) FROM naive_inbox WHERE message_id = '{}' AND consumer = 'naive'",
             credit.message_id
         ),
     )
@@ -187,7 +173,7 @@ pub async fn naive_credit<D: TestDb>(
     }
     conn.transaction(async |conn| {
         conn.batch_execute(&format!(
-            "INSERT INTO naive_inbox (message_id) VALUES ('{}')",
+            "INSERT INTO naive_inbox (message_id, consumer) VALUES ('{}', 'naive')",
             credit.message_id
         ))
         .await?;
@@ -198,40 +184,23 @@ pub async fn naive_credit<D: TestDb>(
     Ok(Outcome::Processed(()))
 }
 
-/// The business tables, beside the inbox the test database was created with.
+/// The credit workload's tables with accounts `0..accounts`, and a ledger, beside the
+/// inbox the test database was created with.
 pub async fn create_tables<D: TestDb>(db: &D, accounts: i64) {
     let mut conn = db.connect().await;
-    conn.batch_execute(
-        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
-         CREATE TABLE naive_inbox (message_id VARCHAR(100) NOT NULL);
-         CREATE TABLE ledger (entry VARCHAR(100) NOT NULL UNIQUE);",
-    )
-    .await
-    .expect("create tables");
-    if accounts == 0 {
-        return;
-    }
-    let values: Vec<String> = (0..accounts).map(|id| format!("({id}, 0)")).collect();
-    conn.batch_execute(&format!("INSERT INTO accounts VALUES {}", values.join(",")))
+    conn.create_credit_tables(accounts)
         .await
-        .expect("insert accounts");
+        .expect("create the credit tables");
+    conn.batch_execute("CREATE TABLE ledger (entry VARCHAR(100) NOT NULL UNIQUE)")
+        .await
+        .expect("create the ledger");
 }
 
 /// Balances of accounts `0..n`, in order.
 pub async fn balances<D: TestDb>(db: &D, n: i64) -> Vec<i64> {
-    let mut conn = db.connect().await;
-    let mut all = Vec::new();
-    for id in 0..n {
-        all.push(
-            select_i64(
-                &mut conn,
-                &format!("SELECT balance FROM accounts WHERE id = {id}"),
-            )
-            .await
-            .expect("balance"),
-        );
-    }
-    all
+    let mut balances = db.connect().await.balances().await.expect("balances");
+    balances.truncate(n as usize);
+    balances
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,7 +287,7 @@ pub async fn race<D: TestDb>(
             let mut conn = db.connect().await;
             let mut report = RaceReport::default();
             for n in 0..messages {
-                let message = Credit::new(n);
+                let message = Credit::numbered(n);
                 barrier.wait().await;
                 let mut retries = 0;
                 let outcome = loop {
@@ -489,7 +458,7 @@ pub async fn hold_marker<D: TestDb>(db: &D, n: i64, commits: bool) -> (Delivery,
     let mut conn = db.connect().await;
     let first = {
         let gate = Arc::clone(&gate);
-        tokio::spawn(async move { gated_credit(&mut conn, &Credit::new(n), &gate).await })
+        tokio::spawn(async move { gated_credit(&mut conn, &Credit::numbered(n), &gate).await })
     };
     gate.entered.notified().await;
     (first, gate)
@@ -506,13 +475,13 @@ where
     } else {
         gate
     };
-    gated_credit(&mut conn, &Credit::new(n), &gate).await
+    gated_credit(&mut conn, &Credit::numbered(n), &gate).await
 }
 
 pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let mut conn = db.connect().await;
-    let message = Credit::new(0);
+    let message = Credit::numbered(0);
     let failed = gated_credit(&mut conn, &message, &Gate::new(false, true)).await;
     assert!(
         matches!(failed, Err(Error::RollbackTransaction)),
@@ -549,7 +518,7 @@ pub async fn failure_rolls_back_everything<D: TestDb>(db: D) {
 pub async fn consumers_are_independent<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let mut conn = db.connect().await;
-    let message = Credit::new(0);
+    let message = Credit::numbered(0);
     assert_eq!(
         credit(&mut conn, &message).await.unwrap(),
         Outcome::Processed(())
@@ -585,10 +554,12 @@ pub async fn business_unique_violation_is_not_a_duplicate<D: TestDb>(db: D) {
     let first = Credit {
         message_id: "m-1".into(),
         account: 7,
+        amount: 1,
     };
     let second = Credit {
         message_id: "m-2".into(),
         account: 7,
+        amount: 1,
     };
     assert_eq!(
         record_in_ledger(&mut conn, &first).await.unwrap(),
@@ -638,6 +609,7 @@ pub async fn savepoint_in_the_body_isolates_a_failed_statement<D: TestDb>(db: D)
         let message = Credit {
             message_id: format!("m-{n}"),
             account: 0,
+            amount: 1,
         };
         assert_eq!(
             credit_with_ledger_entry_once(&mut conn, &message)
@@ -667,7 +639,7 @@ pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
     create_tables(&db, 2).await;
     let mut conn = db.connect().await;
     conn.begin_test_transaction().await.unwrap();
-    let (first, second) = (Credit::new(0), Credit::new(1));
+    let (first, second) = (Credit::numbered(0), Credit::numbered(1));
     assert_eq!(
         credit(&mut conn, &first).await.unwrap(),
         Outcome::Processed(())
@@ -694,6 +666,7 @@ pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
     let ledger = |n| Credit {
         message_id: format!("ledger-{n}"),
         account: 7,
+        amount: 1,
     };
     assert_eq!(
         record_in_ledger(&mut conn, &ledger(0)).await.unwrap(),
@@ -708,7 +681,7 @@ pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
     assert_eq!(select_i64(&mut conn, credited_once).await.unwrap(), 2);
 
     let nested = conn
-        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .transaction(async |conn| credit(conn, &Credit::numbered(2)).await)
         .await;
     assert!(
         matches!(nested, Err(Error::AlreadyInTransaction)),
@@ -716,7 +689,7 @@ pub async fn handlers_run_inside_a_test_transaction<D: TestDb>(db: D) {
     );
     let mut other = db.connect().await;
     let refused = other
-        .transaction(async |conn| credit(conn, &Credit::new(2)).await)
+        .transaction(async |conn| credit(conn, &Credit::numbered(2)).await)
         .await;
     assert!(
         matches!(refused, Err(Error::AlreadyInTransaction)),
@@ -752,20 +725,22 @@ pub async fn invalid_keys_are_rejected_before_writing<D: TestDb>(db: D) {
         let message = Credit {
             message_id,
             account: 0,
+            amount: 1,
         };
         let error = credit(&mut conn, &message).await.expect_err("invalid key");
-        let Error::SerializationError(cause) = &error else {
-            panic!("expected a serialization error, got {error:?}");
-        };
         assert!(
-            cause.downcast_ref::<diesel_inbox::InvalidKey>().is_some(),
-            "{cause}"
+            matches!(
+                diesel_inbox::InboxError::find(&error),
+                Some(diesel_inbox::InboxError::InvalidKey(_))
+            ),
+            "{error:?}"
         );
         assert_eq!(classify(&error), ErrorClass::Permanent);
     }
     let longest = Credit {
         message_id: "x".repeat(512),
         account: 0,
+        amount: 1,
     };
     assert_eq!(
         credit(&mut conn, &longest).await.unwrap(),
@@ -797,6 +772,7 @@ pub async fn hostile_keys_are_stored_byte_for_byte<D: TestDb>(db: D) {
         let message = Credit {
             message_id: (*key).to_owned(),
             account: account as i64,
+            amount: 1,
         };
         assert_eq!(
             credit(&mut conn, &message).await.unwrap(),
@@ -828,7 +804,7 @@ pub async fn hostile_keys_are_stored_byte_for_byte<D: TestDb>(db: D) {
 /// once the connection is gone the message is processed afresh.
 pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
-    let message = Credit::new(0);
+    let message = Credit::numbered(0);
     let mut conn = db.connect().await;
     let gate = Gate::held(false);
     {
@@ -841,7 +817,7 @@ pub async fn cancelled_handler_never_half_commits<D: TestDb>(db: D) {
         }
     }
 
-    let reused = credit(&mut conn, &Credit::new(0)).await;
+    let reused = credit(&mut conn, &Credit::numbered(0)).await;
     let error = reused.expect_err("a connection left inside a transaction is refused");
     assert!(matches!(error, Error::AlreadyInTransaction), "{error:?}");
     assert_eq!(classify(&error), ErrorClass::ConnectionUnusable);
@@ -1093,7 +1069,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
         // uses a message and account of its own.
         let mut cancelled = None;
         for attempt in 0..ATTEMPTS {
-            let message = Credit::new(n as i64 * ATTEMPTS + attempt);
+            let message = Credit::numbered(n as i64 * ATTEMPTS + attempt);
             let mut conn = db.connect().await;
             if cancel_at(&mut conn, &message, statement).await {
                 cancelled = Some((conn, message));
@@ -1225,6 +1201,7 @@ pub async fn fast_path_adapts_to_duplicates<D: TestDb>(db: D) {
         .map(|n| Credit {
             message_id: format!("adaptive-{n}"),
             account: 0,
+            amount: 1,
         })
         .collect();
 

@@ -129,14 +129,14 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
     create_tables(&db, 1).await;
     let (holder, gate) = hold_marker(&db, 0, false).await;
     let mut conn = connect_with(&db, settings).await;
-    let cut_short = credit(&mut conn, &Credit::new(0))
+    let cut_short = credit(&mut conn, &Credit::numbered(0))
         .await
         .expect_err("the wait for the holder's marker is cut short");
     assert_eq!(classify(&cut_short), ErrorClass::Transient, "{cut_short}");
 
     assert_retried_in_every_shape(&cut_short).await;
 
-    // End to end: the README's retry loop, with the error shape, waits out the
+    // End to end: the guide's retry loop, with the error shape, waits out the
     // holder and then processes the message once.
     let runs = AtomicUsize::new(0);
     let policy = RetryPolicy::new()
@@ -148,7 +148,7 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
             gate.release.notify_one();
         }
         let mut conn = connect_with(&db, settings).await;
-        let outcome = credit(&mut conn, &Credit::new(0))
+        let outcome = credit(&mut conn, &Credit::numbered(0))
             .await
             .map_err(TransparentRepoError::from)?;
         Ok::<_, BoxError>(outcome)
@@ -165,12 +165,12 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
 pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
     create_tables(&db, 2).await;
     let mut conn = connect_with(&db, settings).await;
-    let single = credit(&mut conn, &Credit::new(0)).await;
+    let single = credit(&mut conn, &Credit::numbered(0)).await;
     let error = single.as_ref().expect_err("a read-only transaction");
     assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
     assert_retried_in_every_shape(error).await;
     assert_eq!(Disposition::of(&single), Disposition::Retry { after: None });
-    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)]).await;
+    let batch = batch_credit(&mut conn, &[Credit::numbered(0), Credit::numbered(1)]).await;
     assert_eq!(
         Disposition::of_batch(&batch),
         Disposition::Retry { after: None },
@@ -181,7 +181,7 @@ pub async fn read_only_session_is_retried<D: TestDb>(db: D, settings: &str) {
     // Retried on a writable connection, each message applies once.
     let mut conn = db.connect().await;
     assert_eq!(
-        credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        credit(&mut conn, &Credit::numbered(0)).await.unwrap(),
         Outcome::Processed(())
     );
     assert_eq!(balances(&db, 2).await, vec![1, 0]);
@@ -205,7 +205,7 @@ pub async fn anyhow_handlers_are_settled<D: TestDb>(db: D, settings: &str) {
     let (holder, gate) = hold_marker(&db, 0, false).await;
     let mut conn = connect_with(&db, settings).await;
     // The holder holds the account's row: the anyhow handler's own write waits for it.
-    let cut_short = anyhow_credit(&mut conn, &Credit::new(0)).await;
+    let cut_short = anyhow_credit(&mut conn, &Credit::numbered(0)).await;
     assert_eq!(
         Disposition::of(&cut_short),
         Disposition::Retry { after: None },
@@ -215,7 +215,7 @@ pub async fn anyhow_handlers_are_settled<D: TestDb>(db: D, settings: &str) {
     gate.release.notify_one();
     assert!(holder.await.unwrap().is_err(), "the holder rolled back");
     let mut conn = db.connect().await;
-    let processed = anyhow_credit(&mut conn, &Credit::new(0)).await;
+    let processed = anyhow_credit(&mut conn, &Credit::numbered(0)).await;
     assert_eq!(Disposition::of(&processed), Disposition::Ack);
     assert_eq!(balances(&db, 1).await, vec![1]);
 }
@@ -229,7 +229,7 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     conn.batch_execute("DROP TABLE inbox")
         .await
         .expect("drop the inbox");
-    let single = credit(&mut conn, &Credit::new(0)).await;
+    let single = credit(&mut conn, &Credit::numbered(0)).await;
     let error = single.as_ref().expect_err("no inbox");
     assert!(
         error.to_string().contains("diesel_inbox::migrate"),
@@ -237,7 +237,7 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     );
     assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
     assert_eq!(Disposition::of(&single), Disposition::Retry { after: None });
-    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)]).await;
+    let batch = batch_credit(&mut conn, &[Credit::numbered(0), Credit::numbered(1)]).await;
     assert_eq!(
         Disposition::of_batch(&batch),
         Disposition::Retry { after: None },
@@ -247,10 +247,10 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     // Once the inbox is there, the retried messages apply once each.
     diesel_inbox::migrate(&mut conn).await.expect("migrate");
     assert_eq!(
-        credit(&mut conn, &Credit::new(0)).await.unwrap(),
+        credit(&mut conn, &Credit::numbered(0)).await.unwrap(),
         Outcome::Processed(())
     );
-    let batch = batch_credit(&mut conn, &[Credit::new(0), Credit::new(1)])
+    let batch = batch_credit(&mut conn, &[Credit::numbered(0), Credit::numbered(1)])
         .await
         .expect("the batch");
     assert_eq!(batch.processed(), 2, "a consumer of its own");
@@ -258,7 +258,7 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
 }
 
 /// A connection that cannot be opened, and pools that cannot hand one out in time, are
-/// retried however they reach the pump: the README's retry loop takes its connection
+/// retried however they reach the pump: the guide's retry loop takes its connection
 /// inside the closure, so a pool's error is the run's error.
 pub async fn unreachable_databases_are_retried<C>(url: &str, unreachable_url: &str)
 where
@@ -322,7 +322,7 @@ where
     })
     .await;
 
-    // The README's loop, with the database down: each run is retried, none dead-lettered.
+    // The guide's retry loop, with the database down: each run is retried, none dead-lettered.
     let pool = deadpool(unreachable_url);
     let runs = AtomicUsize::new(0);
     let policy = RetryPolicy::new()
@@ -331,7 +331,7 @@ where
     let result = retry(&policy, || async {
         runs.fetch_add(1, Ordering::Relaxed);
         let mut conn = pool.get().await?;
-        Ok::<_, BoxError>(credit(&mut *conn, &Credit::new(0)).await?)
+        Ok::<_, BoxError>(credit(&mut *conn, &Credit::numbered(0)).await?)
     })
     .await;
     assert_eq!(runs.into_inner(), 3);

@@ -280,7 +280,7 @@ where
 }
 
 /// One consumer of the service: a channel of its own, prefetch 2, each delivery run with
-/// the README's retry loop and settled through `Queues`.
+/// the guide's retry loop and settled through `Queues`.
 async fn consume<C>(
     queues: Queues,
     pool: deadpool::managed::Pool<AsyncDieselConnectionManager<C>>,
@@ -348,6 +348,7 @@ async fn consume<C>(
                 tally.retried_deliveries.fetch_add(1, Ordering::Relaxed);
             }
             Settled::DeadLettered { reason } => tally.dead_letters.lock().unwrap().push(reason),
+            other => panic!("a settlement this test does not know: {other:?}"),
         }
     }
     let _ = channel.close(200, "done").await;

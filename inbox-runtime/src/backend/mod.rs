@@ -1,8 +1,20 @@
-//! What each database needs done differently.
+//! What each database needs done differently, one folder per database.
 //!
-//! The transaction in [`run`](crate::run) is the same everywhere; only the marker insert
-//! (how a duplicate shows itself), error recognition and schema creation differ, and each
-//! backend module holds its own.
+//! The modes (the transaction in [`run`](crate::run), batches, claims) are the same
+//! everywhere and speak to a database only through the sealed trait below and
+//! [`claim_statements::ClaimStatements`]. Each of `postgres/`, `mysql/` and `sqlite/`
+//! holds all that its database needs:
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `mod.rs` | recognising its errors: the inbox's index, transient and lost-connection messages (compiled without the feature too, so any error can be classified) |
+//! | `statements.rs` | `sealed::Sealed`: the marker insert, the transaction around it, the commit checks, migration and pruning |
+//! | `claims.rs` | claim mode's statements |
+//! | `testing.rs` | the test database: a schema, a database or a file per test |
+//! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
+//!
+//! A fourth database is one more folder: implement the two traits and the test database,
+//! add its error recognition to [`classify`](crate::classify).
 
 /// `sealed::Sealed::inbox_is_visible`, with `$tables` a query of one row whose column
 /// `tables` counts the tables named `inbox` that the session sees.
@@ -75,8 +87,10 @@ macro_rules! insert_marker_on_conflict_do_nothing {
 
 pub(crate) mod claim_statements;
 pub(crate) mod mysql;
-pub(crate) mod pg;
+pub(crate) mod postgres;
 pub(crate) mod sqlite;
+#[cfg(feature = "testing")]
+pub(crate) mod testing;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) mod queries;

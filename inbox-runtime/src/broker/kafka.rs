@@ -20,6 +20,7 @@ use crate::key::{InboxKey, InvalidKey};
 
 /// The inbox key of a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RecordKey<'a> {
     /// The producer's id header, stored as it is.
     Header(&'a str),

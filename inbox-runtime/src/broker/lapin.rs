@@ -104,6 +104,7 @@ pub struct Queues {
 
 /// What [`Queues::settle`] did with a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Settled {
     /// Acked.
     Acked,

@@ -48,6 +48,7 @@ pub const ORIGINAL_ID_HEADER: &str = "Inbox-Original-Msg-Id";
 
 /// The inbox key of a JetStream message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MessageKey<'a> {
     /// The producer's `Nats-Msg-Id`, stored as it is.
     MsgId(&'a str),
@@ -122,6 +123,7 @@ fn header(message: &Message, name: impl IntoHeaderName) -> Option<&str> {
 
 /// What [`Settlement::settle`] did with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Settled {
     /// Acked.
     Acked,

@@ -1,45 +1,17 @@
-//! Claim mode: exactly-once intent for work that cannot roll back with a transaction,
-//! such as sending an e-mail, charging a card or calling a partner's API.
+//! Claim mode, `#[idempotent(…, claim)]`: exactly-once intent for work that cannot roll
+//! back with a transaction, such as sending an e-mail, charging a card or calling a
+//! partner's API. The marker commits as a claim with a lease before the body runs, and
+//! is completed after it; [the claim-mode guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/claim_mode/index.html) explains the
+//! protocol, the lease and what the downstream system must do.
 //!
-//! A transactional handler's marker commits with its writes, so a crash leaves neither.
-//! An external call has no such partner, so a claim-mode handler
-//! (`#[idempotent(…, claim)]`) works in three short steps instead, each its own
-//! statement and so its own transaction:
-//!
-//! 1. **Claim.** The marker is inserted as a claim: not completed, with a lease that
-//!    ends `lease` from now on the database's clock, attempt 1 and a fresh token. A
-//!    marker already there is read instead: completed, it is [`Outcome::Duplicate`];
-//!    held by a live claim, [`Outcome::InProgress`]; a claim whose lease has ended (its
-//!    holder crashed, or took too long) is taken over by a conditional update that
-//!    exactly one delivery wins, as attempt *n* + 1; a claim released by a failed body
-//!    is taken over the same way, at once.
-//! 2. **Body.** The body runs, outside any transaction. [`Claim::current`] gives it the
-//!    claim: the key, the attempt and the [`idempotency key`](Claim::idempotency_key)
-//!    to hand the downstream system.
-//! 3. **Complete or release.** `Ok` completes the claim, but only while this delivery's
-//!    token still holds it; `Err` releases it, so that the next delivery runs at once.
-//!
-//! A delivery that dies between 1 and 3 leaves its claim until the lease ends, and then
-//! the next delivery takes it over and calls again, with the same idempotency key. So
-//! claim mode gives exactly-once *intent*: the external effect happens once only if the
-//! downstream system deduplicates by the key it is handed, as payment providers do
-//! with their `Idempotency-Key`.
-//!
-//! The operator's side, for claims that nobody will finish by themselves (quarantined,
-//! out of attempts, or simply never redelivered): [`list_stale`], then
-//! [`complete_by_hand`] or [`release_by_hand`] once a person has reconciled the message
-//! with the downstream system.
-//!
-//! [`Outcome::Duplicate`]: crate::Outcome::Duplicate
-//! [`Outcome::InProgress`]: crate::Outcome::InProgress
+//! Here: [`Claim`], which the body reads, and the operator's side for claims nobody will
+//! finish by themselves: [`list_stale`], then [`complete_by_hand`] or
+//! [`release_by_hand`] once a person has reconciled the message with the downstream
+//! system.
 
-mod mysql;
 mod operator;
-mod pg;
 mod protocol;
-mod sqlite;
 
-use std::fmt;
 use std::time::Duration;
 
 use diesel::QueryResult;
@@ -48,6 +20,7 @@ use diesel_async::AsyncConnection;
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim};
 
+pub use crate::error::ClaimError;
 pub use operator::{StaleClaim, complete_by_hand, list_stale, release_by_hand};
 pub use protocol::{ClaimPolicy, DEFAULT_LEASE, run_claimed};
 
@@ -182,7 +155,7 @@ impl Claim {
         &self,
         conn: &mut C,
     ) -> QueryResult<()> {
-        match crate::transaction::enclosing_transaction(conn) {
+        match crate::enclosing::enclosing_transaction(conn) {
             Ok(_) => Ok(()),
             Err(_) => Err(ClaimError::TransactionLeftOpen {
                 attempt: self.attempt,
@@ -202,141 +175,6 @@ impl Claim {
 #[doc(hidden)]
 pub async fn outside_any_claim<F: Future>(body: F) -> F::Output {
     CURRENT.scope(None, body).await
-}
-
-/// Why a claim-mode delivery did not run its body, or could not complete it. Carried
-/// inside the handler's `diesel::result::Error` (read it with [`ClaimError::of`]);
-/// [`classify`](crate::classify) tells what it means for the message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ClaimError {
-    /// The body returned `Ok`, but its claim no longer held when it came to complete
-    /// it (or to [renew](Claim::renew) it): its lease had ended and another delivery
-    /// took it over (which repeats the external call with the same idempotency key), or
-    /// an operator settled it.
-    /// [`Transient`](crate::ErrorClass::Transient): the redelivery finds the message
-    /// completed or in progress.
-    Lost {
-        /// The attempt that lost its claim.
-        attempt: u32,
-    },
-    /// The claim has been attempted `max_attempts` times. The body did not run again.
-    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
-    /// stays in [`list_stale`] for a person.
-    AttemptsExhausted {
-        /// How many times the body was started.
-        attempts: u32,
-    },
-    /// The claim's lease ended without the claim being completed or released (its
-    /// holder crashed, or outlived the lease), and the handler has `takeover = false`:
-    /// the body must not run twice without a person. The body did not run.
-    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
-    /// stays in [`list_stale`].
-    Quarantined {
-        /// How many times the body was started.
-        attempts: u32,
-    },
-    /// The handler's `lease` is zero or longer than a week. Nothing was written.
-    /// [`Permanent`](crate::ErrorClass::Permanent), like the configuration mistake it is.
-    InvalidLease {
-        /// The lease given.
-        lease: Duration,
-    },
-    /// The body returned with its connection still inside a transaction: one it began
-    /// and dropped unfinished, a `tokio::time::timeout` around `conn.transaction(…)` or
-    /// around a transactional handler it called. Nothing written there will commit, so
-    /// the claim was neither completed nor released on that connection, and the session
-    /// was left as it is. The claim stays held until its lease ends; the redelivery then
-    /// takes it over, as after a crash, and calls again with the same idempotency key.
-    /// [`ConnectionUnusable`](crate::ErrorClass::ConnectionUnusable): discard the
-    /// connection (pools do) and redeliver the message.
-    TransactionLeftOpen {
-        /// The attempt whose body left it open.
-        attempt: u32,
-    },
-    /// The claim's statement took so long to commit (a Galera node waiting out a dead
-    /// peer, a stalled synchronous replica) that little of its lease was left, and
-    /// renewing it took as long: the body did not run, since another delivery could
-    /// take the claim over while it ran. The claim stays held until its lease ends.
-    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message.
-    LeaseUsedUp {
-        /// The attempt that did not run its body.
-        attempt: u32,
-    },
-}
-
-impl ClaimError {
-    /// The claim error inside a diesel error, when it is one.
-    pub fn of(error: &diesel::result::Error) -> Option<&Self> {
-        match error {
-            diesel::result::Error::SerializationError(inner) => inner.downcast_ref(),
-            _ => None,
-        }
-    }
-
-    /// Whether a later delivery can succeed: [`ClaimError::Lost`] and
-    /// [`ClaimError::LeaseUsedUp`].
-    pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Lost { .. } | Self::LeaseUsedUp { .. })
-    }
-
-    /// Whether the connection it happened on must be discarded.
-    pub(crate) fn leaves_connection_unusable(&self) -> bool {
-        matches!(self, Self::TransactionLeftOpen { .. })
-    }
-}
-
-impl fmt::Display for ClaimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Lost { attempt } => write!(
-                f,
-                "attempt {attempt} finished its body after its claim's lease ended, and \
-                 the claim had been taken over or settled by then: it was not completed \
-                 by this delivery (the downstream system sees the same idempotency key \
-                 again from whoever holds it)"
-            ),
-            Self::AttemptsExhausted { attempts } => write!(
-                f,
-                "the claim was attempted {attempts} times, the handler's `max_attempts`: \
-                 the body did not run again; settle it by hand (diesel_inbox::claims)"
-            ),
-            Self::Quarantined { attempts } => write!(
-                f,
-                "the claim's lease ended during attempt {attempts} without it completing, \
-                 and the handler does not take claims over (`takeover = false`): the body \
-                 did not run again; reconcile the message with the downstream system, then \
-                 settle it by hand (diesel_inbox::claims)"
-            ),
-            Self::InvalidLease { lease } => write!(
-                f,
-                "the handler's claim lease is {lease:?}: a lease must be at least 1 ms, \
-                 and at most a week, beyond which nothing would ever take a claim over"
-            ),
-            Self::TransactionLeftOpen { attempt } => write!(
-                f,
-                "attempt {attempt}'s body returned with its connection still inside a \
-                 transaction (a transaction, or a handler, it dropped unfinished): nothing \
-                 written there will commit, so the claim was not settled on it; discard \
-                 the connection, and the redelivery takes the claim over once its lease \
-                 has ended"
-            ),
-            Self::LeaseUsedUp { attempt } => write!(
-                f,
-                "attempt {attempt}'s claim took so long to commit that too little of its \
-                 lease was left to run the body, and renewing it took as long: the body \
-                 did not run; the redelivery takes the claim over once its lease has ended"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ClaimError {}
-
-impl From<ClaimError> for diesel::result::Error {
-    fn from(error: ClaimError) -> Self {
-        Self::SerializationError(Box::new(error))
-    }
 }
 
 /// A lease as the statements bind it, in microseconds, saturating far beyond any clock.

@@ -16,6 +16,7 @@ use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, StaleRow}
 /// downstream system (which knows the [`Claim::idempotency_key`](crate::Claim)) before
 /// settling it with [`complete_by_hand`] or [`release_by_hand`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StaleClaim {
     /// The stored key (the inbox's `message_id`).
     pub message_id: String,

@@ -6,16 +6,18 @@ use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use tracing::Instrument as _;
 
-use super::{Claim, ClaimError, micros};
+use super::{Claim, micros};
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
 use crate::backend::sealed::Sealed as _;
 use crate::classify::classify;
+use crate::enclosing::enclosing_transaction;
+use crate::error::{ClaimError, InboxError};
 use crate::fingerprint::{self, Fingerprint};
+use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
-use crate::transaction::{Handler, enclosing_transaction};
 
 /// How long a claim is held when the handler sets no `lease`: five minutes.
 ///
@@ -402,8 +404,8 @@ where
         );
         sent = Instant::now();
         if let Err(error) = claim.renew(conn).await {
-            return Err(match ClaimError::of(&error) {
-                Some(ClaimError::Lost { .. }) => Settled::InProgress(None),
+            return Err(match InboxError::find(&error) {
+                Some(InboxError::Claim(ClaimError::Lost { .. })) => Settled::InProgress(None),
                 _ => Settled::Database(error),
             });
         }

@@ -1,0 +1,230 @@
+//! Claim mode on MySQL and MariaDB: `NOW(6)` on the session's clock, and each statement
+//! followed by a `COMMIT` of its own, so that it commits whatever the session's
+//! autocommit setting, which claim mode never changes.
+
+#![cfg(feature = "mysql")]
+
+use diesel::QueryResult;
+use diesel::mysql::Mysql;
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use crate::backend::claim_statements::{
+    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
+};
+use crate::backend::queries::hex_digits;
+use crate::enclosing::{Enclosing, enclosing_transaction};
+
+/// A claim nobody holds: not completed, and released or past its lease.
+const STALE: &str =
+    "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= NOW(6))";
+
+/// The claim a conditional update is about, by the placeholders after its `SET`.
+const BY_KEY: &str = "WHERE message_id = ? AND consumer = ?";
+
+/// Still held by the token in the next placeholder, even past its lease.
+const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
+
+/// A completed claim: a marker like a transactional handler's.
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
+
+/// A released claim: nobody holds it, and it may be taken over at once.
+const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
+
+impl ClaimStatements for Mysql {
+    /// The insert and its [`COMMIT`](committed) in one round trip.
+    async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // The values go in as literals, so that one text batch carries both statements:
+        // the key as hex, as the transactional marker insert sends it; the token is a
+        // UUID and the fingerprint hex digits, but go in as hex all the same.
+        let fingerprint = match claim.fingerprint {
+            Some(fingerprint) => format!("X'{}'", hex_digits(&fingerprint)),
+            None => "NULL".to_owned(),
+        };
+        let batch = format!(
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+             fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
+             {fingerprint}){commit}",
+            hex_digits(&claim.key.message_id),
+            hex_digits(&claim.key.consumer),
+            claim.lease_micros,
+            hex_digits(&claim.token),
+            commit = if outside_any_transaction(conn) {
+                "; COMMIT"
+            } else {
+                ""
+            },
+        );
+        // A plain INSERT, as for the transactional marker: a duplicate waits for a
+        // concurrent insert of the key, then fails with 1062 on our own table, whose
+        // only other unique key is the auto-increment id. The batch stops there, before
+        // its COMMIT: with autocommit off, the transaction that the failed insert opened
+        // holds a lock on the row found until [`read_marker`](Self::read_marker),
+        // which always comes next, commits.
+        match conn.batch_execute(&batch).await {
+            Ok(()) => Ok(true),
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+            Err(other) => Err(other),
+        }
+    }
+
+    async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        read_claim_row(conn, key, READ_MARKER).await
+    }
+
+    /// On a Galera node, with `wsrep_sync_wait` for the statement: the node first applies
+    /// everything the cluster committed before it. MariaDB alone runs the `/*M! */`
+    /// comment; a build without wsrep, which lacks the variable, reads as it is.
+    async fn read_latest_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let synced = format!("/*M! SET STATEMENT wsrep_sync_wait = 1 FOR */ {READ_MARKER}");
+        match read_claim_row(conn, key.clone(), &synced).await {
+            Err(Error::DatabaseError(_, info)) if info.message().contains("wsrep_sync_wait") => {
+                read_claim_row(conn, key, READ_MARKER).await
+            }
+            read => read,
+        }
+    }
+
+    async fn take_over<C>(conn: &mut C, claim: NewClaim, seen_attempts: i32) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // An UPDATE reads the latest committed row under its lock: a second taker waits
+        // for the first, then finds the attempt count moved on. Affected rows count
+        // matched rows here (CLIENT_FOUND_ROWS), and a match always changes the row.
+        let taken = diesel::sql_query(format!(
+            "UPDATE inbox SET claim_token = ?, \
+             lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
+             {BY_KEY} AND attempts = ? AND {STALE}"
+        ))
+        .bind::<Text, _>(claim.token)
+        .bind::<BigInt, _>(claim.lease_micros)
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Integer, _>(seen_attempts)
+        .execute(&mut *conn)
+        .await;
+        committed(conn, taken.map(|rows| rows == 1)).await
+    }
+
+    async fn complete<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
+        let updated = update_claim!(&mut *conn, &sql, key, token);
+        committed(conn, updated).await
+    }
+
+    async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let renewed = diesel::sql_query(format!(
+            "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND {BY_KEY} AND {HELD}"
+        ))
+        .bind::<BigInt, _>(claim.lease_micros)
+        .bind::<Text, _>(claim.key.message_id)
+        .bind::<Text, _>(claim.key.consumer)
+        .bind::<Text, _>(claim.token)
+        .execute(&mut *conn)
+        .await;
+        committed(conn, renewed.map(|rows| rows == 1)).await
+    }
+
+    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        let updated = update_claim!(&mut *conn, &sql, key, token);
+        committed(conn, updated).await
+    }
+
+    async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(format!(
+            "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
+             TIMESTAMPDIFF(MICROSECOND, processed_at, NOW(6)) AS age_micros, \
+             TIMESTAMPDIFF(MICROSECOND, lease_ends_at, NOW(6)) AS idle_micros \
+             FROM inbox WHERE {STALE} ORDER BY id"
+        ))
+        .load(conn)
+        .await
+    }
+
+    async fn complete_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
+        let updated = update_claim!(&mut *conn, &sql, key);
+        committed(conn, updated).await
+    }
+
+    async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
+        let updated = update_claim!(&mut *conn, &sql, key);
+        committed(conn, updated).await
+    }
+}
+
+/// The claim as [`ClaimStatements::read_marker`] reads it.
+const READ_MARKER: &str = "SELECT lease_ends_at IS NULL AS completed, \
+     COALESCE(claim_token IS NOT NULL AND lease_ends_at > NOW(6), FALSE) AS live, \
+     lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
+     TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_ends_at) AS lease_remaining_micros, \
+     attempts, fingerprint FROM inbox WHERE message_id = ? AND consumer = ?";
+
+/// Runs `sql`, [`READ_MARKER`] or a form of it, then commits.
+async fn read_claim_row<C>(conn: &mut C, key: ClaimKey, sql: &str) -> QueryResult<Option<ClaimRow>>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let rows = diesel::sql_query(sql)
+        .bind::<Text, _>(key.message_id)
+        .bind::<Text, _>(key.consumer)
+        .load::<ClaimRow>(&mut *conn)
+        .await;
+    committed(conn, rows.map(|rows| rows.into_iter().next())).await
+}
+
+/// Whether `conn` is in no transaction, where a claim statement (or an operator's)
+/// commits on its own. Inside a test transaction, or an operator's call inside the
+/// caller's transaction, it is part of that transaction instead.
+fn outside_any_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing))
+}
+
+/// `statement`'s result, once what it did is committed. Where the session has autocommit
+/// off (a server's `autocommit = 0`, an `init_connect`, a body's `SET autocommit = 0`),
+/// the statement opened a transaction that nobody would commit, and other deliveries
+/// would never see the claim, or its completion. With autocommit on there is no transaction,
+/// and the `COMMIT` does nothing. Turning autocommit on for the delivery instead would
+/// have to be undone on every way out of it, a cancellation included, and claims nested
+/// on one connection would undo each other's.
+async fn committed<T, C>(conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let result = statement?;
+    if outside_any_transaction(conn) {
+        conn.batch_execute("COMMIT").await?;
+    }
+    Ok(result)
+}

@@ -1,0 +1,167 @@
+//! MySQL and MariaDB.
+//!
+//! The marker is a plain `INSERT`: a duplicate raises 1062, which rolls back only that
+//! statement. diesel's `on_conflict_do_nothing` cannot be used: on MySQL it becomes
+//! `ON DUPLICATE KEY UPDATE id = id`, which reports one affected row for a new row and for
+//! a duplicate alike under diesel-async's `CLIENT_FOUND_ROWS`. `INSERT IGNORE` would also
+//! hide truncation and conversion errors.
+
+use diesel::result::DatabaseErrorInformation;
+
+use crate::schema::INDEX_NAME;
+
+#[cfg(feature = "mysql")]
+#[macro_use]
+mod session;
+
+/// Whether a unique violation names the inbox's index. The server's message is
+/// translated into the session's `lc_messages`, but every translation quotes the
+/// duplicate value first and the key's name last: MariaDB as `'ux_inbox_message_consumer'`,
+/// MySQL 8.0.19+ as `'inbox.ux_inbox_message_consumer'`. Only that last quoted name is
+/// read: the value before it is the caller's data.
+pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
+    let Some((quoted, _after)) = info.message().rsplit_once('\'') else {
+        return false;
+    };
+    let Some((_before, key)) = quoted.rsplit_once('\'') else {
+        return false;
+    };
+    key.strip_prefix("inbox.").unwrap_or(key) == INDEX_NAME
+}
+
+/// 1213 deadlock, 1205 lock wait timeout, 1317 query interrupted (`KILL QUERY`) and
+/// 1969 statement timeout (`max_statement_time`), which diesel-async reports as `Unknown`
+/// with only the message, as MariaDB words it in each `lc_messages` language. A waiting
+/// marker insert ends in these by design, and so does a body's statement that lost a
+/// race for a lock: the delivery must be retried, never dead-lettered.
+const RETRYABLE_SERVER_MESSAGES: &[&str] = &[
+    // 1205, lock wait timeout
+    "Lock wait timeout exceeded; try restarting transaction",
+    "锁等待超时;尝试重新启动事务",
+    "Lock wait timeout overskredet",
+    "Kontrollaeg ületatud luku järel ootamisel; Proovi transaktsiooni otsast alata",
+    "Timeout sur l'obtention du verrou",
+    "Beim Warten auf eine Sperre wurde die zulässige Wartezeit überschritten",
+    "ბლოკის მოლოდინის ვადა ამოიწურა",
+    "E' scaduto il timeout per l'attesa del lock",
+    "ロック待ちがタイムアウトしました。",
+    "Lock wacht tijd overschreden",
+    "Tempo de espera (timeout) de travamento excedido",
+    "Таймаут ожидания блокировки истек",
+    "Vremenski limit za zaključavanje tabele je istekao",
+    "Tiempo de espera de bloqueo excedido",
+    "Fick inte ett lås i tid",
+    "Затримку очікування блокування вичерпано",
+    // 1213, deadlock
+    "Deadlock found when trying to get lock; try restarting transaction",
+    "试图锁定时发现僵局",
+    "Lukustamisel tekkis tupik (deadlock)",
+    "Deadlock découvert en essayant d'obtenir les verrous",
+    "Beim Versuch, eine Sperre anzufordern, ist ein Deadlock aufgetreten",
+    "ჩიხი ბლოკის მიღების მცდელობისას",
+    "Trovato deadlock durante il lock",
+    "ロック取得中にデッドロックが検出されました。",
+    "Deadlock gevonden tijdens lock-aanvraag poging",
+    "Encontrado um travamento fatal (deadlock)",
+    "Возникла тупиковая ситуация в процессе получения блокировки",
+    "Unakrsno zaključavanje pronađeno",
+    "Encontrado estancamiento (deadlock)",
+    "Fick 'DEADLOCK' vid låsförsök",
+    "Взаємне блокування знайдено",
+    // 1317, query interrupted; 1969, statement timeout (same opening where translated)
+    "Query execution was interrupted",
+    "查询执行中断",
+    "Ausführung der Abfrage wurde unterbrochen",
+    "მოთხოვნის შესრულება შეწყვეტილია",
+    "Se ha interrumpido la ejecución de la consulta",
+    "Se ha interrumpido la ejecución de una consulta",
+];
+
+/// 1305 for one of diesel's savepoints: InnoDB rolled back the whole transaction under a
+/// nested `conn.transaction` (a deadlock does this), so the `ROLLBACK TO SAVEPOINT` that
+/// followed found nothing, and its error replaced the deadlock's. Every translation
+/// opens with the object's kind and name (`%s %s`, in Chinese `%s%s`).
+fn is_lost_diesel_savepoint(message: &str) -> bool {
+    message
+        .strip_prefix("SAVEPOINT")
+        .is_some_and(|rest| rest.trim_start().starts_with("diesel_savepoint_"))
+}
+
+/// 1792, a write in a `READ ONLY` transaction, in every language MariaDB ships it in.
+const READ_ONLY_TRANSACTION_MESSAGES: &[&str] = &[
+    "Cannot execute statement in a READ ONLY transaction",
+    "无法在只读事务中执行语句",
+    "No puedo ejecutar sentencia en una transacción READ ONLY",
+];
+
+/// 1290, a statement that a server option refuses, as each language opens it: the
+/// option is named next, and only `--read-only` (MySQL's `--super-read-only` too) is a
+/// state that passes, as a failover promotes another server.
+const OPTION_PREVENTS_STATEMENT_OPENINGS: &[&str] = &[
+    "The MariaDB server is running with the ",
+    "The MySQL server is running with the ",
+    "MariaDB服务器使用",
+    "Der MariaDB-Server läuft mit der Option ",
+    "MariaDB სერვერი ",
+    "MariaDBサーバーが ",
+    "O servidor MariaDB está rodando com a opção ",
+    "El servidor MariaDB se está ejecutando con la opción ",
+    "MariaDB är startad med ",
+];
+
+/// Whether the server refused a write because the transaction, the session or the
+/// server is read-only for now (a replica, or a primary during failover): another
+/// connection, or this one later, can take it.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    READ_ONLY_TRANSACTION_MESSAGES
+        .iter()
+        .any(|text| message.starts_with(text))
+        || OPTION_PREVENTS_STATEMENT_OPENINGS.iter().any(|opening| {
+            message.strip_prefix(opening).is_some_and(|option| {
+                option.trim_start().starts_with("--read-only")
+                    || option.trim_start().starts_with("--super-read-only")
+            })
+        })
+}
+
+/// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
+/// retry: lock conflicts and interrupted waits in any server language, and a
+/// transaction rolled back under a nested savepoint.
+pub(crate) fn is_transient(message: &str) -> bool {
+    RETRYABLE_SERVER_MESSAGES
+        .iter()
+        .any(|text| message.starts_with(text))
+        || is_lost_diesel_savepoint(message)
+}
+
+/// The driver's texts for a connection that is gone, and a Galera node's for having left
+/// the cluster's primary component (reconnect to another node, or to this one once it
+/// has rejoined): 1047 for a statement sent after it left, and 1180 for a commit, or an
+/// autocommitted statement, in flight as it left, whose write set never reached the
+/// cluster. wsrep writes both in English whatever `lc_messages` says.
+pub(crate) fn is_connection_lost(message: &str) -> bool {
+    [
+        "WSREP has not yet prepared node for application use",
+        "provider status: Not connected to Primary Component",
+        "provider status: Provider in bad state",
+        "Input/output error",
+        "Lost connection to",
+        "server has gone away",
+        "Connection was killed",
+        "Connection to the server is closed",
+        // mysql_async on a connection whose reply to a statement was cut off by a
+        // cancelled future: the next statement reads that reply as its own.
+        "Driver error: `Packet out of order.'",
+        "Driver error: `Unexpected packet.'",
+        "Driver error: `Statement takes ",
+    ]
+    .iter()
+    .any(|pattern| message.contains(pattern))
+}
+
+#[cfg(feature = "mysql")]
+mod claims;
+#[cfg(feature = "mysql")]
+mod statements;
+#[cfg(all(feature = "mysql", feature = "testing"))]
+pub(crate) mod testing;

@@ -1,0 +1,542 @@
+//! MySQL and MariaDB: the inbox's statements, the transaction around them, and pruning.
+
+use std::future::Future;
+
+use diesel::OptionalExtension as _;
+use diesel::QueryResult;
+use diesel::mysql::Mysql;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Bool, Text};
+use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
+
+use crate::backend::queries::{
+    InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits, plain_insert,
+};
+use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
+use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
+use crate::backend::{end_unless_inserted, enter_transaction, roll_back_for};
+use crate::schema::INDEX_NAME;
+
+/// Opens a call's transaction with the savepoint that the commit releases, ahead of
+/// the marker insert, so that the savepoint can only name the marker's transaction.
+/// On a Galera node another node's commit can abort the transaction from outside, and
+/// an abort that lands inside a multi-statement batch on a statement that takes no
+/// row locks is reported as a warning: the rest of the batch runs in a new
+/// transaction. Set after the marker, the savepoint could name that new transaction,
+/// which the body's writes would then join and the COMMIT commit without the marker;
+/// measured on a three-node cluster, that credited a message twice. Set before it,
+/// the savepoint is gone from every transaction that lacks the marker.
+///
+/// `START TRANSACTION` rather than `BEGIN`, which MariaDB's `sql_mode = ORACLE` reads
+/// as the start of a PL/SQL block.
+const BEGIN_WITH_SAVEPOINT: &str = concat!("START TRANSACTION; SAVEPOINT ", savepoint!());
+
+/// Right after the marker insert, in its round trip: records the marker's id for the
+/// check after the COMMIT and for [`SavepointBackend::own_marker_committed`], then
+/// [`session_for_the_body!`].
+const AFTER_MARKER_INSERT: &str = concat!(
+    "SET ",
+    marker_id!(),
+    " = LAST_INSERT_ID(), ",
+    session_for_the_body!()
+);
+
+impl sealed::Sealed for Mysql {
+    inbox_is_visible!(
+        "SELECT CAST(COUNT(*) AS SIGNED) AS tables FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox'"
+    );
+
+    fn already_processed<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        CommittedMarkerExists {
+            message_id: marker.message_id.clone(),
+            consumer: marker.consumer,
+        }
+        .get_result(conn)
+    }
+
+    /// [`BEGIN_WITH_SAVEPOINT`], the marker insert and [`AFTER_MARKER_INSERT`] as one
+    /// text batch, so that a new message costs the round trips of a bare transaction.
+    /// The key goes in as hex literals, which the `VARBINARY` columns store byte for
+    /// byte, as they do a bound parameter. The server stops a batch at its first
+    /// error: a duplicate's 1062 leaves the transaction open, autocommit untouched.
+    fn begin_with_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let (columns, fingerprint) = match &marker.fingerprint {
+            None => ("message_id, consumer", String::new()),
+            Some(fingerprint) => (
+                "message_id, consumer, fingerprint",
+                format!(", X'{}'", hex_digits(fingerprint)),
+            ),
+        };
+        let batch = format!(
+            "{BEGIN_WITH_SAVEPOINT}; INSERT INTO inbox ({columns}) \
+             VALUES (X'{}', X'{}'{fingerprint}); {AFTER_MARKER_INSERT}",
+            hex_digits(&marker.message_id),
+            hex_digits(marker.consumer),
+        );
+        async move {
+            enter_transaction(conn)?;
+            match conn.batch_execute(&batch).await {
+                Ok(()) => Ok(true),
+                // Only the insert writes to a unique index, and the batch stops there.
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                    end_unless_inserted(conn, Ok(false)).await
+                }
+                // A Galera abort can turn the last statement's success into 1213 after
+                // it turned autocommit off: restoring is harmless where it did not.
+                Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
+            }
+        }
+    }
+
+    /// In a test transaction, after the call's savepoint: a prepared insert, and
+    /// nothing more. Autocommit stays as it is: the test transaction never commits,
+    /// and turning autocommit back on later would commit it.
+    fn insert_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let message_id = marker.message_id.clone();
+        let consumer = marker.consumer;
+        let fingerprint = marker.fingerprint.clone();
+        async move {
+            let inserted = match fingerprint {
+                None => plain_insert(message_id, consumer).execute(&mut *conn).await,
+                Some(fingerprint) => {
+                    fingerprinted_insert(message_id, consumer, fingerprint)
+                        .execute(&mut *conn)
+                        .await
+                }
+            };
+            match inserted {
+                Ok(_) => Ok(true),
+                // Our own statement on our own table: its only unique index besides the
+                // auto-increment key is the inbox's, whatever language the message is in.
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(other) => Err(other),
+            }
+        }
+    }
+
+    /// In a test transaction, as [`Sealed::insert_marker`] there: the inserts alone.
+    async fn insert_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<Vec<bool>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let (new, _last_new) = insert_batch_markers(conn, consumer, message_ids).await?;
+        Ok(new)
+    }
+
+    /// [`BEGIN_WITH_SAVEPOINT`], the inserts, then [`AFTER_MARKER_INSERT`]'s
+    /// assignments with the id of the last new marker, one of this transaction's.
+    async fn begin_with_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<Vec<bool>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        enter_transaction(conn)?;
+        if let Err(error) = conn.batch_execute(BEGIN_WITH_SAVEPOINT).await {
+            return Err(roll_back_for(conn, error).await);
+        }
+        let new = match insert_batch_markers(conn, consumer, message_ids).await {
+            Ok((new, Some(last_new))) => diesel::sql_query(concat!(
+                "SET ",
+                marker_id!(),
+                " = (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
+                session_for_the_body!()
+            ))
+            .bind::<Text, _>(last_new)
+            .bind::<Text, _>(consumer)
+            .execute(&mut *conn)
+            .await
+            .map(|_| new),
+            Ok((new, None)) => Ok(new),
+            Err(error) => Err(error),
+        };
+        match new {
+            Ok(new) if new.contains(&true) => Ok(new),
+            Ok(new) => C::TransactionManager::rollback_transaction(conn)
+                .await
+                .map(|()| new),
+            // As for one marker: the SET may have run before its error.
+            Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
+        }
+    }
+
+    fn commit<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        savepoint::commit(conn)
+    }
+
+    fn abandon<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        savepoint::abandon(conn)
+    }
+
+    async fn prune_bounds<C>(conn: &mut C) -> QueryResult<Option<PruneBounds>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
+            .get_result::<PruneBounds>(conn)
+            .await
+            .optional()
+    }
+
+    async fn first_marker_from<C>(
+        conn: &mut C,
+        window_micros: i64,
+        id: i64,
+    ) -> QueryResult<Option<MarkerAge>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(
+            "SELECT id, processed_at < NOW(6) - INTERVAL ? MICROSECOND AS old \
+             FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
+        )
+        .bind::<BigInt, _>(window_micros)
+        .bind::<BigInt, _>(id)
+        .get_result::<MarkerAge>(conn)
+        .await
+        .optional()
+    }
+
+    async fn prune_batch<C>(
+        conn: &mut C,
+        window_micros: i64,
+        from: i64,
+        to: i64,
+    ) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // A range of the primary key: concurrent pruners lock it in the same order,
+        // so one waits for another instead of deadlocking, then finds those rows gone.
+        diesel::sql_query(
+            "DELETE FROM inbox WHERE id >= ? AND id < ? \
+             AND processed_at < NOW(6) - INTERVAL ? MICROSECOND AND lease_ends_at IS NULL",
+        )
+        .bind::<BigInt, _>(from)
+        .bind::<BigInt, _>(to)
+        .bind::<BigInt, _>(window_micros)
+        .execute(conn)
+        .await
+    }
+
+    async fn migrate<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race.
+        conn.batch_execute(include_str!(
+            "../../../migrations/mysql/2026-11-30-000000_create_inbox/up.sql"
+        ))
+        .await?;
+        // A table created by hand may lack the index, and MySQL has no
+        // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
+        // name" is success for us, so it is checked again rather than reported.
+        if !inbox_index_exists(conn).await? {
+            let create =
+                format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
+            match conn.batch_execute(&create).await {
+                Err(_) if inbox_index_exists(conn).await? => {}
+                result => result?,
+            }
+        }
+        // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
+        // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
+        // name" is success for us, so the columns are counted again.
+        if claim_columns_exist(conn).await? {
+            return Ok(());
+        }
+        match conn
+            .batch_execute(include_str!(
+                "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
+            ))
+            .await
+        {
+            Err(_) if claim_columns_exist(conn).await? => Ok(()),
+            result => result,
+        }
+    }
+}
+
+/// The COMMIT went through, but preparing what follows it failed (the server's
+/// `max_prepared_stmt_count` reached, say), so nothing confirmed that the COMMIT ended
+/// this call's transaction. Transient: a redelivery finds out by the marker, and is a
+/// duplicate where it did.
+fn commit_unconfirmed(error: &Error) -> Error {
+    Error::DatabaseError(
+        DatabaseErrorKind::SerializationFailure,
+        Box::new(format!(
+            "the handler's COMMIT went through, but the statement after it failed \
+             ({error}), so whether it committed this call's transaction is not \
+             confirmed; a redelivery settles it by the marker"
+        )),
+    )
+}
+
+/// Whether this call's marker row, by the id its insert recorded, is visible.
+macro_rules! own_marker_exists {
+    () => {
+        concat!("EXISTS (SELECT 1 FROM inbox WHERE id = ", marker_id!(), ")")
+    };
+}
+
+/// Whether the server replicates through wsrep (a Galera node), where a transaction
+/// can end without an error. MariaDB shows `wsrep_on` in `SYSTEM_VARIABLES` when it
+/// was built with wsrep (its Windows builds are not) and runs the `/*M! */` comment;
+/// every other server reads `TRUE`, so that MySQL with a wsrep patch (Percona XtraDB
+/// Cluster) is checked too.
+macro_rules! replicates_through_wsrep {
+    () => {
+        "/*M! (SELECT COUNT(*) FROM information_schema.SYSTEM_VARIABLES \
+         WHERE VARIABLE_NAME = 'WSREP_ON' AND 'ON' IN (GLOBAL_VALUE, SESSION_VALUE)) > 0 \
+         OR NOT */ TRUE"
+    };
+}
+
+/// Prepares [`after_commit!`] for this connection, then runs it: where a transaction
+/// can end without an error, a check that this call's marker row is committed, in
+/// the statement that restores autocommit; elsewhere only the restore.
+///
+/// The check: the released savepoint proves that the transaction was this call's up
+/// to the COMMIT, not that the COMMIT ended it. On a Galera node, an abort landing on
+/// `RELEASE SAVEPOINT` is reported as a warning (see [`BEGIN_WITH_SAVEPOINT`]), and
+/// the COMMIT after it ends an empty transaction. Set to itself, `sql_mode` is
+/// unchanged; set to the text, it fails with 1231, whose message quotes the text in
+/// every server language, and a SET that fails makes none of its assignments.
+///
+/// A prepared statement runs in the database that was current when it was prepared,
+/// `inbox` and `DATABASE()` included, so the check compares that database with the
+/// one the marker went into ([`AFTER_MARKER_INSERT`] records it); on a connection
+/// that has changed databases since, it fails quoting [`after_commit!`], as a
+/// statement not prepared yet does, and is prepared again.
+const PREPARE_AND_RUN_AFTER_COMMIT: &str = concat!(
+    "SET ",
+    after_commit_text!(),
+    " = IF(",
+    replicates_through_wsrep!(),
+    ", CONCAT('SET sql_mode = IF(",
+    database!(),
+    " <=> ', QUOTE(DATABASE()), ', IF(",
+    own_marker_exists!(),
+    ", @@sql_mode, ''",
+    lost_marker!(),
+    "''), ''",
+    after_commit!(),
+    "''), ",
+    autocommit_restored!(),
+    "'), '",
+    restore_autocommit!(),
+    "'); PREPARE ",
+    after_commit_statement!(),
+    " FROM ",
+    after_commit_text!(),
+    "; SET ",
+    after_commit_text!(),
+    " = NULL; EXECUTE ",
+    after_commit_statement!()
+);
+
+impl SavepointBackend for Mysql {
+    async fn release_and_commit<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let batch = concat!(
+            "RELEASE SAVEPOINT ",
+            savepoint!(),
+            "; COMMIT; EXECUTE ",
+            after_commit_statement!()
+        );
+        match conn.batch_execute(batch).await {
+            // Not prepared on this connection yet (its first commit, or the session was
+            // reset), or for another database: the RELEASE and the COMMIT went through.
+            Err(error) if savepoint::quotes(&error, after_commit!()) => {
+                match conn.batch_execute(PREPARE_AND_RUN_AFTER_COMMIT).await {
+                    Err(error) if !savepoint::quotes(&error, lost_marker!()) => {
+                        Err(commit_unconfirmed(&error))
+                    }
+                    result => result,
+                }
+            }
+            result => result,
+        }
+    }
+    const RELEASE_AND_ROLLBACK: &'static str = concat!(
+        "RELEASE SAVEPOINT ",
+        savepoint!(),
+        "; ROLLBACK; ",
+        restore_autocommit!()
+    );
+
+    fn restore_session<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        conn.batch_execute(restore_autocommit!())
+    }
+
+    fn own_marker_committed<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // Rare: only after the transaction ended underneath the body.
+        diesel::select(diesel::dsl::sql::<Bool>(own_marker_exists!())).get_result(conn)
+    }
+}
+
+/// `SELECT EXISTS (… LOCK IN SHARE MODE)` for the fast path. A locking read sees only
+/// committed rows at every isolation level, and waits for a transaction that holds the
+/// key; a plain read at READ UNCOMMITTED would see another delivery's marker before
+/// that delivery commits, or rolls back. MariaDB has no `FOR SHARE`, which diesel's
+/// `for_share()` writes; written by hand, the statement stays in the prepared
+/// statement cache.
+#[derive(QueryId)]
+struct CommittedMarkerExists {
+    message_id: String,
+    consumer: &'static str,
+}
+
+impl Query for CommittedMarkerExists {
+    type SqlType = Bool;
+}
+
+impl QueryFragment<Mysql> for CommittedMarkerExists {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("SELECT EXISTS (SELECT 1 FROM `inbox` WHERE `message_id` = ");
+        out.push_bind_param::<Text, _>(&self.message_id)?;
+        out.push_sql(" AND `consumer` = ");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(" LOCK IN SHARE MODE)");
+        Ok(())
+    }
+}
+
+/// Inserts a batch's markers, returning for each whether it is new, and the last new
+/// one.
+///
+/// MySQL has no `INSERT … RETURNING`, and `ON DUPLICATE KEY UPDATE` reports no row of
+/// its own (see the module's docs). A plain multi-row INSERT either inserts every
+/// marker of the statement or, on a duplicate, none: InnoDB undoes the statement and
+/// the transaction goes on. Only a statement that met a duplicate is repeated, one
+/// marker per statement, which tells each marker's fate. Each statement takes the keys
+/// in ascending order, so overlapping batches wait for each other instead of
+/// deadlocking.
+async fn insert_batch_markers<C>(
+    conn: &mut C,
+    consumer: &'static str,
+    message_ids: Vec<String>,
+) -> QueryResult<(Vec<bool>, Option<String>)>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let mut new = Vec::with_capacity(message_ids.len());
+    let mut last_new = None;
+    for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+        let insert = InsertMarkers {
+            message_ids: chunk.clone(),
+            consumer,
+            suffix: "",
+        };
+        match insert.execute(&mut *conn).await {
+            Ok(_) => {
+                new.resize(new.len() + chunk.len(), true);
+                last_new = chunk.last().cloned();
+                continue;
+            }
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+            Err(other) => return Err(other),
+        }
+        for message_id in chunk {
+            let inserted = match plain_insert(message_id.clone(), consumer)
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => true,
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => false,
+                Err(other) => return Err(other),
+            };
+            if inserted {
+                last_new = Some(message_id);
+            }
+            new.push(inserted);
+        }
+    }
+    Ok((new, last_new))
+}
+
+async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "(SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND column_name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
+    ))
+    .get_result(conn)
+    .await
+}
+
+async fn inbox_index_exists<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    let query = format!(
+        "EXISTS (SELECT 1 FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND index_name = '{INDEX_NAME}' AND non_unique = 0)"
+    );
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&query))
+        .get_result(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::savepoint::{lost_marker, savepoint};
+
+    /// A missing prepared statement is told by the name its error quotes, so that
+    /// name and the texts of the other errors hold none of each other.
+    #[test]
+    fn the_after_commit_statement_is_not_taken_for_another_error() {
+        for other in [savepoint!(), lost_marker!()] {
+            assert!(!after_commit!().contains(other));
+            assert!(!other.contains(after_commit!()));
+        }
+    }
+}

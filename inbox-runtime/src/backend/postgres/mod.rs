@@ -1,0 +1,71 @@
+//! PostgreSQL.
+//!
+//! A duplicate is detected with `INSERT … ON CONFLICT DO NOTHING`: it waits for a
+//! concurrent transaction holding the same key, then inserts nothing. No unique violation
+//! is raised, so the transaction is never aborted (PostgreSQL would answer its `COMMIT`
+//! with a silent `ROLLBACK`) and the server log gets no `ERROR` line per duplicate.
+
+use diesel::result::DatabaseErrorInformation;
+
+use crate::schema::INDEX_NAME;
+
+/// A unique violation names the violated index in its constraint field.
+pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
+    info.constraint_name() == Some(INDEX_NAME)
+}
+
+/// How the message of 25P02 begins: a statement in a transaction that an earlier error
+/// aborted.
+const ABORTED_TRANSACTION: &str = "current transaction is aborted";
+
+/// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by
+/// (in the server's `lc_messages` language; these are the English texts): 40P01
+/// deadlock, 55P03 lock not available, 57014 a statement cancelled (by `lock_timeout`,
+/// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
+/// waiting for another delivery is cut short this way), and 25P02, a transaction
+/// aborted by an earlier error that the handler did not propagate.
+pub(crate) fn is_transient(message: &str) -> bool {
+    [
+        "deadlock detected",
+        "could not obtain lock",
+        "canceling statement due to",
+        // 40001, which diesel-async reports as `SerializationFailure`; its text is all a
+        // wrapper that hides the kind leaves.
+        "could not serialize access",
+        ABORTED_TRANSACTION,
+    ]
+    .iter()
+    .any(|prefix| message.starts_with(prefix))
+}
+
+/// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
+/// `default_transaction_read_only` set during a failover. Another connection, or this
+/// one later, can take it.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction")
+}
+
+/// Whether the server words its errors as the recognisers above expect: `lc_messages`
+/// in English, or the untranslated `C`/`POSIX` (the empty setting follows the server's
+/// environment, which is beyond reach, and is taken as it is).
+#[cfg(feature = "postgres")]
+pub(crate) fn speaks_english(lc_messages: &str) -> bool {
+    let language = lc_messages.to_ascii_lowercase();
+    language.is_empty()
+        || language.starts_with("en")
+        || language.starts_with("c.")
+        || language == "c"
+        || language == "posix"
+}
+
+/// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).
+pub(crate) fn is_connection_lost(message: &str) -> bool {
+    message.starts_with("terminating connection")
+}
+
+#[cfg(feature = "postgres")]
+mod claims;
+#[cfg(feature = "postgres")]
+mod statements;
+#[cfg(all(feature = "postgres", feature = "testing"))]
+pub(crate) mod testing;

@@ -1,0 +1,292 @@
+//! PostgreSQL: the inbox's statements, the transaction around them, and pruning.
+
+use std::future::Future;
+
+use diesel::OptionalExtension as _;
+use diesel::QueryResult;
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{Array, BigInt, Bytea, Text};
+use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
+
+use super::ABORTED_TRANSACTION;
+use crate::backend::queries::NewMarker;
+use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
+use crate::backend::{
+    end_unless_inserted, enter_transaction, leave_transaction, roll_back_for,
+    rolled_back_underneath,
+};
+
+/// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
+/// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
+const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
+
+impl sealed::Sealed for diesel::pg::Pg {
+    insert_marker_on_conflict_do_nothing!();
+
+    inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
+
+    /// `text` holds no NUL: the server rejects it mid-statement, which in a batch
+    /// would sink every message with no way to tell which one was at fault.
+    fn check_storable(message_id: &str) -> Result<(), crate::InvalidKey> {
+        match message_id.find('\0') {
+            Some(at) => Err(crate::InvalidKey::Nul { at }),
+            None => Ok(()),
+        }
+    }
+
+    /// Opens the transaction in UTF-8 whatever the session's `client_encoding`: text
+    /// bound in another encoding is converted on its way in, so a key would be
+    /// stored as other bytes than another session stores it with, and two keys
+    /// could meet (LATIN1 reads "é" as "Ã©"). `SET LOCAL` ends with the transaction,
+    /// and costs no round trip of its own.
+    fn begin_with_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let marker = marker.clone();
+        async move {
+            begin_in_utf8(conn).await?;
+            let inserted = Self::insert_marker(conn, &marker).await;
+            end_unless_inserted(conn, inserted).await
+        }
+    }
+
+    /// As [`Sealed::begin_with_marker`] opens it.
+    async fn begin_with_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<Vec<bool>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        begin_in_utf8(conn).await?;
+        match Self::insert_markers(conn, consumer, message_ids).await {
+            Ok(new) if new.contains(&true) => Ok(new),
+            Ok(new) => C::TransactionManager::rollback_transaction(conn)
+                .await
+                .map(|()| new),
+            Err(error) => Err(roll_back_for(conn, error).await),
+        }
+    }
+
+    /// The key goes in as UTF-8 bytes, which no `client_encoding` converts, so that
+    /// the read finds exactly the marker the transaction stores.
+    fn already_processed<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // PostgreSQL never reads uncommitted rows, at any isolation level.
+        let query = diesel::sql_query(
+            "SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = convert_from($1, 'UTF8') \
+             AND consumer = convert_from($2, 'UTF8')) AS found",
+        )
+        .bind::<Bytea, _>(marker.message_id.clone().into_bytes())
+        .bind::<Bytea, _>(marker.consumer.as_bytes());
+        async move {
+            let Found { found } = query.get_result(conn).await?;
+            Ok(found)
+        }
+    }
+
+    async fn insert_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<Vec<bool>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // The ids bound as one array: one statement and one prepared plan whatever
+        // the batch's size, and no bind-parameter limit to split it for. The insert
+        // takes the rows in the order `unnest` yields them, the array's.
+        let inserted: Vec<NewMarker> = diesel::sql_query(
+            "INSERT INTO inbox (message_id, consumer) \
+             SELECT message_id, $2 FROM unnest($1::text[]) AS batch (message_id) \
+             ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
+        )
+        .bind::<Array<Text>, _>(&message_ids)
+        .bind::<Text, _>(consumer)
+        .load(conn)
+        .await?;
+        let mut new = vec![false; message_ids.len()];
+        for marker in inserted {
+            if let Ok(at) = message_ids.binary_search(&marker.message_id) {
+                new[at] = true;
+            }
+        }
+        Ok(new)
+    }
+
+    fn abandon<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        C::TransactionManager::rollback_transaction(conn)
+    }
+
+    async fn commit<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // After an error the handler did not propagate, the transaction is aborted
+        // and PostgreSQL answers COMMIT with a silent ROLLBACK. `SELECT 1` fails
+        // there instead (25P02), and the rest of a simple query is then skipped.
+        // Sent with COMMIT it costs no round trip of its own, which a separate
+        // statement would: 8% of throughput (inbox-bench/BENCHMARKS.md).
+        match conn.batch_execute("SELECT 1; COMMIT").await {
+            Ok(()) => leave_transaction(conn),
+            Err(error) if is_aborted(&error) => {
+                Err(roll_back_for(conn, rolled_back_underneath()).await)
+            }
+            Err(error) => Err(roll_back_for(conn, error).await),
+        }
+    }
+
+    async fn prune_bounds<C>(conn: &mut C) -> QueryResult<Option<PruneBounds>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
+            .get_result::<PruneBounds>(conn)
+            .await
+            .optional()
+    }
+
+    async fn first_marker_from<C>(
+        conn: &mut C,
+        window_micros: i64,
+        id: i64,
+    ) -> QueryResult<Option<MarkerAge>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(
+            "SELECT id, processed_at < now() - $1 * INTERVAL '1 microsecond' AS old \
+             FROM inbox WHERE id >= $2 ORDER BY id LIMIT 1",
+        )
+        .bind::<BigInt, _>(window_micros)
+        .bind::<BigInt, _>(id)
+        .get_result::<MarkerAge>(conn)
+        .await
+        .optional()
+    }
+
+    async fn prune_batch<C>(
+        conn: &mut C,
+        window_micros: i64,
+        from: i64,
+        to: i64,
+    ) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // SKIP LOCKED: concurrent pruners take disjoint rows instead of waiting for
+        // each other's, which they would then find deleted.
+        diesel::sql_query(
+            "DELETE FROM inbox WHERE id IN (\
+             SELECT id FROM inbox WHERE id >= $2 AND id < $3 \
+             AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
+             AND lease_ends_at IS NULL FOR UPDATE SKIP LOCKED)",
+        )
+        .bind::<BigInt, _>(window_micros)
+        .bind::<BigInt, _>(from)
+        .bind::<BigInt, _>(to)
+        .execute(conn)
+        .await
+    }
+
+    async fn migrate<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // One simple query runs as one transaction, so the advisory lock is held until
+        // the tables exist. Sent as a single batch rather than through
+        // `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a
+        // concrete connection (rust-lang/rust#100013): `migrate` must be spawnable.
+        //
+        // The upgrade to 0.2's columns runs only where one is missing: an
+        // `ALTER TABLE`, even one with nothing to add, waits for every open handler's
+        // transaction and holds up the new ones behind it.
+        let migration = format!(
+            "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {create} \
+             DO $inbox_upgrade$ BEGIN \
+             IF (SELECT COUNT(*) FROM pg_attribute WHERE attrelid = 'inbox'::regclass \
+             AND attname IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint') \
+             AND NOT attisdropped) < 4 THEN {claims} END IF; \
+             END $inbox_upgrade$;",
+            create =
+                include_str!("../../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"),
+            claims = include_str!("../../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
+        );
+        conn.batch_execute(&migration).await?;
+        warn_unless_english(conn).await
+    }
+}
+
+/// Deadlocks, lock and statement time-outs reach the crate as their text alone, and
+/// are recognised in English: in another language they would be dead-lettered. Said
+/// once, at start-up, where `migrate` runs, with what to change.
+async fn warn_unless_english<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = Text)]
+        lc_messages: String,
+    }
+    let Setting { lc_messages } =
+        diesel::sql_query("SELECT current_setting('lc_messages') AS lc_messages")
+            .get_result(conn)
+            .await?;
+    if !super::speaks_english(&lc_messages) {
+        tracing::warn!(
+            target: "diesel_inbox",
+            lc_messages,
+            "PostgreSQL words its errors in another language than English here, so \
+             diesel-inbox cannot tell a deadlock or a lock time-out from a permanent \
+             failure, and would dead-letter messages a retry would process: set \
+             `lc_messages = 'C'` for the consumers' connections (in postgresql.conf, \
+             or `ALTER ROLE … SET lc_messages = 'C'` as a superuser)"
+        );
+    }
+    Ok(())
+}
+
+/// Begins the call's transaction with the session's text in UTF-8 until it ends.
+async fn begin_in_utf8<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    enter_transaction(conn)?;
+    if let Err(error) = conn
+        .batch_execute("BEGIN; SET LOCAL client_encoding = 'UTF8'")
+        .await
+    {
+        return Err(roll_back_for(conn, error).await);
+    }
+    Ok(())
+}
+
+/// What [`Sealed::already_processed`] reads.
+#[derive(diesel::QueryableByName)]
+struct Found {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    found: bool,
+}
+
+/// 25P02, which diesel-async reports as `Unknown` with only the message text.
+fn is_aborted(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::DatabaseError(DatabaseErrorKind::Unknown, info)
+            if info.message().starts_with(ABORTED_TRANSACTION)
+    )
+}

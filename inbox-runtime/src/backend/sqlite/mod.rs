@@ -1,0 +1,34 @@
+//! SQLite.
+//!
+//! The marker insert is the first statement of the transaction, so a second writer waits
+//! in the busy handler instead of failing at once with `SQLITE_BUSY` (SQLite skips the
+//! busy handler for a transaction that has already read). It is sent with BEGIN and the
+//! savepoint in one batch, one hop to the connection's blocking thread: a duplicate is
+//! a unique violation there, which ends the batch and leaves the transaction open.
+//! Connections need `PRAGMA busy_timeout`; `journal_mode = WAL` lets the fast-path read
+//! run while another connection writes.
+
+use diesel::result::DatabaseErrorInformation;
+
+/// SQLite names the columns of the violated index, in index order.
+pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
+    info.message() == "UNIQUE constraint failed: inbox.message_id, inbox.consumer"
+}
+
+/// `SQLITE_BUSY` and `SQLITE_LOCKED`, which diesel reports as `Unknown`.
+pub(crate) fn is_transient(message: &str) -> bool {
+    message == "database is locked" || message.starts_with("database table is locked")
+}
+
+/// `SQLITE_READONLY`: the database file cannot be written now (its directory or file
+/// lost write permission, or it is opened read-only); the message is not at fault.
+pub(crate) fn is_read_only(message: &str) -> bool {
+    message.starts_with("attempt to write a readonly database")
+}
+
+#[cfg(feature = "sqlite")]
+mod claims;
+#[cfg(feature = "sqlite")]
+mod statements;
+#[cfg(all(feature = "sqlite", feature = "testing"))]
+pub(crate) mod testing;

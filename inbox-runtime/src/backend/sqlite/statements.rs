@@ -1,0 +1,303 @@
+//! SQLite: the inbox's statements, the transaction around them, and pruning.
+
+use std::future::Future;
+
+use diesel::QueryResult;
+use diesel::dsl::{exists, not, select};
+use diesel::prelude::*;
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Text};
+use diesel::sqlite::Sqlite;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use crate::backend::queries::{
+    InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, marker_row, plain_insert,
+};
+use crate::backend::savepoint::{self, SavepointBackend, savepoint};
+use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
+use crate::backend::{end_unless_inserted, enter_transaction};
+
+diesel::table! {
+    /// The connection's `PRAGMA read_uncommitted`, as a table-valued function.
+    pragma_read_uncommitted (read_uncommitted) {
+        read_uncommitted -> Bool,
+    }
+}
+
+impl sealed::Sealed for Sqlite {
+    inbox_is_visible!(
+        "SELECT COUNT(*) AS tables FROM sqlite_master WHERE type = 'table' AND name = 'inbox'"
+    );
+
+    /// The key goes in as SQL string literals, which SQLite stores in the database's
+    /// encoding, UTF-8 or UTF-16, as it does bound text. (Hex literals cast to `TEXT`
+    /// are read as bytes of that encoding: in a UTF-16 file, distinct keys were
+    /// stored as one.) A key with a NUL, which no SQL text can carry, is bound
+    /// instead, in round trips of its own.
+    fn begin_with_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let literals = text_literal(&marker.message_id).zip(text_literal(marker.consumer));
+        let batch = literals.map(|(message_id, consumer)| {
+            let (columns, fingerprint) = match marker.fingerprint.as_deref() {
+                None => ("message_id, consumer", String::new()),
+                Some(fingerprint) => (
+                    "message_id, consumer, fingerprint",
+                    format!(", {}", text_literal(fingerprint).expect("hex digits")),
+                ),
+            };
+            format!(
+                "BEGIN; INSERT INTO inbox ({columns}) \
+                 VALUES ({message_id}, {consumer}{fingerprint}); SAVEPOINT {}",
+                savepoint!(),
+            )
+        });
+        let marker = marker.clone();
+        async move {
+            enter_transaction(conn)?;
+            let inserted = match batch {
+                Some(batch) => conn.batch_execute(&batch).await,
+                None => insert_bound(conn, marker).await,
+            };
+            let inserted = match inserted {
+                Ok(()) => Ok(true),
+                // Only the insert writes to a unique index.
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(error) => Err(error),
+            };
+            end_unless_inserted(conn, inserted).await
+        }
+    }
+
+    // In a test transaction, after the call's savepoint.
+    insert_marker_on_conflict_do_nothing!(then concat!("SAVEPOINT ", savepoint!()));
+
+    fn already_processed<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // With a shared cache and `PRAGMA read_uncommitted = 1`, a read sees other
+        // connections' uncommitted markers. Such a connection never trusts a read and
+        // leaves the answer to the transaction.
+        let reads_uncommitted = pragma_read_uncommitted::table
+            .filter(pragma_read_uncommitted::read_uncommitted.eq(true));
+        select(
+            exists(marker_row(marker.message_id.clone(), marker.consumer))
+                .and(not(exists(reads_uncommitted))),
+        )
+        .get_result(conn)
+    }
+
+    async fn insert_markers<C>(
+        conn: &mut C,
+        consumer: &'static str,
+        message_ids: Vec<String>,
+    ) -> QueryResult<Vec<bool>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let mut new = Vec::with_capacity(message_ids.len());
+        for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+            let insert = InsertMarkers {
+                message_ids: chunk.clone(),
+                consumer,
+                suffix: " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
+            };
+            let inserted: Vec<String> = insert.load(&mut *conn).await?;
+            new.extend(chunk.iter().map(|id| inserted.contains(id)));
+        }
+        if new.contains(&true) {
+            conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+                .await?;
+        }
+        Ok(new)
+    }
+
+    fn commit<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        savepoint::commit(conn)
+    }
+
+    fn abandon<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        savepoint::abandon(conn)
+    }
+
+    async fn prune_bounds<C>(conn: &mut C) -> QueryResult<Option<PruneBounds>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
+            .get_result::<PruneBounds>(conn)
+            .await
+            .optional()
+    }
+
+    async fn first_marker_from<C>(
+        conn: &mut C,
+        window_micros: i64,
+        id: i64,
+    ) -> QueryResult<Option<MarkerAge>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        diesel::sql_query(
+            "SELECT id, processed_at < datetime('now', ?) AS old \
+             FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
+        )
+        .bind::<Text, _>(seconds_ago(window_micros))
+        .bind::<BigInt, _>(id)
+        .get_result::<MarkerAge>(conn)
+        .await
+        .optional()
+    }
+
+    async fn prune_batch<C>(
+        conn: &mut C,
+        window_micros: i64,
+        from: i64,
+        to: i64,
+    ) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // SQLite has one writer at a time: concurrent pruners take turns.
+        diesel::sql_query(
+            "DELETE FROM inbox WHERE id >= ? AND id < ? \
+             AND processed_at < datetime('now', ?) AND lease_ends_at IS NULL",
+        )
+        .bind::<BigInt, _>(from)
+        .bind::<BigInt, _>(to)
+        .bind::<Text, _>(seconds_ago(window_micros))
+        .execute(conn)
+        .await
+    }
+
+    async fn migrate<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // Both statements are `IF NOT EXISTS`, and SQLite serialises writers.
+        conn.batch_execute(include_str!(
+            "../../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
+        ))
+        .await?;
+        // The upgrade to 0.2's columns, where they are missing: SQLite has no
+        // `ADD COLUMN IF NOT EXISTS`, so all four go in one transaction, and a
+        // concurrent upgrader's "duplicate column name" is success for us once the
+        // columns are counted again.
+        if claim_columns_exist(conn).await? {
+            return Ok(());
+        }
+        let upgrade = concat!(
+            "BEGIN IMMEDIATE; ",
+            include_str!("../../../migrations/sqlite/2026-12-01-000000_claims/up.sql"),
+            "COMMIT;"
+        );
+        match conn.batch_execute(upgrade).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // A failed statement leaves the batch's transaction open.
+                let _none_left_open = conn.batch_execute("ROLLBACK").await;
+                if claim_columns_exist(conn).await? {
+                    Ok(())
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+}
+
+/// `text` as an SQL string literal; `None` for a text with a NUL, which no SQL text
+/// can carry.
+fn text_literal(text: &str) -> Option<String> {
+    (!text.contains('\0')).then(|| format!("'{}'", text.replace('\'', "''")))
+}
+
+/// `BEGIN`, the marker insert with its text bound, and the savepoint, each a round
+/// trip of its own: for a key that no SQL text can carry.
+async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Sqlite>,
+{
+    conn.batch_execute("BEGIN").await?;
+    match marker.fingerprint {
+        None => {
+            plain_insert(marker.message_id, marker.consumer)
+                .execute(&mut *conn)
+                .await?
+        }
+        Some(fingerprint) => {
+            fingerprinted_insert(marker.message_id, marker.consumer, fingerprint)
+                .execute(&mut *conn)
+                .await?
+        }
+    };
+    conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+        .await
+}
+
+impl SavepointBackend for Sqlite {
+    fn release_and_commit<'c, C>(
+        conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        conn.batch_execute(concat!("RELEASE SAVEPOINT ", savepoint!(), "; COMMIT"))
+    }
+
+    const RELEASE_AND_ROLLBACK: &'static str =
+        concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
+
+    /// The marker insert changes nothing in the session.
+    fn restore_session<'c, C>(
+        _conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        std::future::ready(Ok(()))
+    }
+
+    fn own_marker_committed<'c, C>(
+        _conn: &'c mut C,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // SQLite commits only when told to: no statement commits implicitly, so a
+        // transaction that ended underneath the body was rolled back.
+        std::future::ready(Ok(false))
+    }
+}
+
+async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = Sqlite>,
+{
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "(SELECT COUNT(*) FROM pragma_table_info('inbox') \
+         WHERE name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
+    ))
+    .get_result(conn)
+    .await
+}
+
+/// The `datetime()` modifier that goes back `micros`. SQLite's `processed_at` holds
+/// whole seconds, so the window is compared to the second.
+fn seconds_ago(micros: i64) -> String {
+    format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
+}

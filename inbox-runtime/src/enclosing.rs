@@ -1,0 +1,41 @@
+//! Where a handler finds its connection: outside any transaction, inside a test
+//! transaction (`begin_test_transaction`), or somewhere it must not run. Every mode asks
+//! before it writes.
+
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, TransactionManager};
+
+/// The transaction a call finds its connection in, where it can run.
+pub(crate) enum Enclosing {
+    Nothing,
+    /// Opened by `begin_test_transaction`, and nothing open inside it.
+    TestTransaction,
+}
+
+/// Refuses a connection inside any other transaction, or whose transaction state is
+/// unknown.
+pub(crate) fn enclosing_transaction<C: AsyncConnection>(conn: &mut C) -> Result<Enclosing, Error> {
+    if in_test_transaction(conn) {
+        return Ok(Enclosing::TestTransaction);
+    }
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    if status.transaction_depth()?.is_some() {
+        return Err(Error::AlreadyInTransaction);
+    }
+    // Set when a future was dropped while BEGIN, COMMIT or ROLLBACK was in flight.
+    if C::TransactionManager::is_broken_transaction_manager(conn) {
+        return Err(Error::BrokenTransactionManager);
+    }
+    Ok(Enclosing::Nothing)
+}
+
+/// Whether `conn` is inside a test transaction and in nothing else.
+pub(crate) fn in_test_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    // diesel keeps the test flag private. It shows as an open transaction that
+    // `is_broken_transaction_manager`, which pools ask before reusing a connection,
+    // accepts. Depth 1 leaves out the savepoints of `conn.transaction` and of a handler
+    // running inside it.
+    let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
+    matches!(depth, Ok(Some(depth)) if depth.get() == 1)
+        && !C::TransactionManager::is_broken_transaction_manager(conn)
+}

@@ -1,0 +1,307 @@
+//! The crate's own errors, and [`InboxError`], which finds them in whatever error a
+//! handler returned.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use crate::key::InvalidKey;
+
+/// One of the crate's own errors, for a `match` that tells them apart.
+///
+/// A handler's error type is only asked to convert from `diesel::result::Error`, so the
+/// crate's own errors reach the caller inside one. [`InboxError::find`] takes them out
+/// of it, or out of any error whose [`source`](StdError::source) chain holds it (a
+/// handler's own error type that wraps the diesel error):
+///
+/// ```
+/// # use inbox_runtime as diesel_inbox;
+/// use diesel_inbox::{ClaimError, InboxError, InvalidKey};
+///
+/// fn explain(error: &diesel::result::Error) -> &'static str {
+///     match InboxError::find(error) {
+///         Some(InboxError::InvalidKey(InvalidKey::Empty)) => "a message without an id",
+///         Some(InboxError::Claim(ClaimError::Lost { .. })) => "the claim was taken over",
+///         Some(_) => "another refusal of the inbox's",
+///         None => "not the inbox's own error",
+///     }
+/// }
+///
+/// let error = diesel::result::Error::from(InvalidKey::Empty);
+/// assert_eq!(explain(&error), "a message without an id");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// A message's key cannot be stored. Nothing was written.
+    InvalidKey(InvalidKey),
+    /// A message of a batch has a key that cannot be stored. Nothing of the batch was
+    /// written.
+    InvalidBatchKey(InvalidBatchKey),
+    /// A claim-mode delivery did not run its body, or could not complete it.
+    Claim(ClaimError),
+    /// The message id was seen before with another payload.
+    FingerprintMismatch(FingerprintMismatch),
+}
+
+impl InboxError {
+    /// The crate's own error in `error` or its [`source`](StdError::source) chain: a
+    /// `diesel::result::Error` that carries one, or an error that wraps such a diesel
+    /// error as its source.
+    pub fn find<'e>(error: &'e (dyn StdError + 'static)) -> Option<&'e Self> {
+        let mut current = Some(error);
+        while let Some(error) = current {
+            if let Some(found) = error.downcast_ref::<Self>().or_else(|| carried_by(error)) {
+                return Some(found);
+            }
+            current = error.source();
+        }
+        None
+    }
+}
+
+/// The crate's error inside a diesel error, where [`From`] below put it.
+fn carried_by<'e>(error: &'e (dyn StdError + 'static)) -> Option<&'e InboxError> {
+    match error.downcast_ref::<diesel::result::Error>()? {
+        diesel::result::Error::SerializationError(inner) => inner.downcast_ref(),
+        _ => None,
+    }
+}
+
+impl fmt::Display for InboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidKey(error) => error.fmt(f),
+            Self::InvalidBatchKey(error) => error.fmt(f),
+            Self::Claim(error) => error.fmt(f),
+            Self::FingerprintMismatch(error) => error.fmt(f),
+        }
+    }
+}
+
+impl StdError for InboxError {
+    // The variant's own source, since this error only names which one it is.
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::InvalidKey(error) => error.source(),
+            Self::InvalidBatchKey(error) => error.source(),
+            Self::Claim(error) => error.source(),
+            Self::FingerprintMismatch(error) => error.source(),
+        }
+    }
+}
+
+/// The crate's errors travel to a handler's caller as a diesel error: the only one its
+/// error type converts from. diesel has no variant for a library's own error, so they
+/// ride in `SerializationError`; [`InboxError::find`] is how to read them.
+impl From<InboxError> for diesel::result::Error {
+    fn from(error: InboxError) -> Self {
+        Self::SerializationError(Box::new(error))
+    }
+}
+
+macro_rules! carried_as {
+    ($($error:ident => $variant:ident),*) => {$(
+        impl From<$error> for InboxError {
+            fn from(error: $error) -> Self {
+                Self::$variant(error)
+            }
+        }
+
+        impl From<$error> for diesel::result::Error {
+            fn from(error: $error) -> Self {
+                InboxError::$variant(error).into()
+            }
+        }
+    )*};
+}
+
+carried_as!(
+    InvalidKey => InvalidKey,
+    InvalidBatchKey => InvalidBatchKey,
+    ClaimError => Claim,
+    FingerprintMismatch => FingerprintMismatch
+);
+
+/// Why a claim-mode delivery did not run its body, or could not complete it. Carried
+/// inside the handler's `diesel::result::Error` (read it with [`InboxError::find`]);
+/// [`classify`](crate::classify) tells what it means for the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The body returned `Ok`, but its claim no longer held when it came to complete
+    /// it (or to [renew](crate::Claim::renew) it): its lease had ended and another delivery
+    /// took it over (which repeats the external call with the same idempotency key), or
+    /// an operator settled it.
+    /// [`Transient`](crate::ErrorClass::Transient): the redelivery finds the message
+    /// completed or in progress.
+    Lost {
+        /// The attempt that lost its claim.
+        attempt: u32,
+    },
+    /// The claim has been attempted `max_attempts` times. The body did not run again.
+    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
+    /// stays in [`list_stale`](crate::claims::list_stale) for a person.
+    AttemptsExhausted {
+        /// How many times the body was started.
+        attempts: u32,
+    },
+    /// The claim's lease ended without the claim being completed or released (its
+    /// holder crashed, or outlived the lease), and the handler has `takeover = false`:
+    /// the body must not run twice without a person. The body did not run.
+    /// [`Permanent`](crate::ErrorClass::Permanent): dead-letter the message; the claim
+    /// stays in [`list_stale`](crate::claims::list_stale).
+    Quarantined {
+        /// How many times the body was started.
+        attempts: u32,
+    },
+    /// The handler's `lease` is zero or longer than a week. Nothing was written.
+    /// [`Permanent`](crate::ErrorClass::Permanent), like the configuration mistake it is.
+    InvalidLease {
+        /// The lease given.
+        lease: Duration,
+    },
+    /// The body returned with its connection still inside a transaction: one it began
+    /// and dropped unfinished, a `tokio::time::timeout` around `conn.transaction(…)` or
+    /// around a transactional handler it called. Nothing written there will commit, so
+    /// the claim was neither completed nor released on that connection, and the session
+    /// was left as it is. The claim stays held until its lease ends; the redelivery then
+    /// takes it over, as after a crash, and calls again with the same idempotency key.
+    /// [`ConnectionUnusable`](crate::ErrorClass::ConnectionUnusable): discard the
+    /// connection (pools do) and redeliver the message.
+    TransactionLeftOpen {
+        /// The attempt whose body left it open.
+        attempt: u32,
+    },
+    /// The claim's statement took so long to commit (a Galera node waiting out a dead
+    /// peer, a stalled synchronous replica) that little of its lease was left, and
+    /// renewing it took as long: the body did not run, since another delivery could
+    /// take the claim over while it ran. The claim stays held until its lease ends.
+    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message.
+    LeaseUsedUp {
+        /// The attempt that did not run its body.
+        attempt: u32,
+    },
+}
+
+impl ClaimError {
+    /// Whether a later delivery can succeed: [`ClaimError::Lost`] and
+    /// [`ClaimError::LeaseUsedUp`].
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, Self::Lost { .. } | Self::LeaseUsedUp { .. })
+    }
+
+    /// Whether the connection it happened on must be discarded.
+    pub(crate) fn leaves_connection_unusable(&self) -> bool {
+        matches!(self, Self::TransactionLeftOpen { .. })
+    }
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lost { attempt } => write!(
+                f,
+                "attempt {attempt} finished its body after its claim's lease ended, and \
+                 the claim had been taken over or settled by then: it was not completed \
+                 by this delivery (the downstream system sees the same idempotency key \
+                 again from whoever holds it)"
+            ),
+            Self::AttemptsExhausted { attempts } => write!(
+                f,
+                "the claim was attempted {attempts} times, the handler's `max_attempts`: \
+                 the body did not run again; settle it by hand (diesel_inbox::claims)"
+            ),
+            Self::Quarantined { attempts } => write!(
+                f,
+                "the claim's lease ended during attempt {attempts} without it completing, \
+                 and the handler does not take claims over (`takeover = false`): the body \
+                 did not run again; reconcile the message with the downstream system, then \
+                 settle it by hand (diesel_inbox::claims)"
+            ),
+            Self::InvalidLease { lease } => write!(
+                f,
+                "the handler's claim lease is {lease:?}: a lease must be at least 1 ms, \
+                 and at most a week, beyond which nothing would ever take a claim over"
+            ),
+            Self::TransactionLeftOpen { attempt } => write!(
+                f,
+                "attempt {attempt}'s body returned with its connection still inside a \
+                 transaction (a transaction, or a handler, it dropped unfinished): nothing \
+                 written there will commit, so the claim was not settled on it; discard \
+                 the connection, and the redelivery takes the claim over once its lease \
+                 has ended"
+            ),
+            Self::LeaseUsedUp { attempt } => write!(
+                f,
+                "attempt {attempt}'s claim took so long to commit that too little of its \
+                 lease was left to run the body, and renewing it took as long: the body \
+                 did not run; the redelivery takes the claim over once its lease has ended"
+            ),
+        }
+    }
+}
+
+impl StdError for ClaimError {}
+
+/// A delivery's key matched a marker whose payload fingerprint differs: the producer
+/// reused a message id for another message. Classified
+/// [`Permanent`](crate::ErrorClass::Permanent); the body did not run, and nothing was
+/// written. Never a duplicate: acknowledging it would lose the other message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FingerprintMismatch {
+    /// The stored key.
+    pub message_id: String,
+    /// The consumer.
+    pub consumer: String,
+    /// The fingerprint stored with the marker.
+    pub stored: String,
+    /// The fingerprint of this delivery's payload.
+    pub delivered: String,
+}
+
+impl fmt::Display for FingerprintMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {:?} for consumer {:?} was already seen with another payload \
+             (fingerprint {} stored, {} delivered): the producer reused the message id, \
+             and this delivery was not processed",
+            self.message_id, self.consumer, self.stored, self.delivered
+        )
+    }
+}
+
+impl StdError for FingerprintMismatch {}
+
+/// A message of the batch whose key cannot be stored. The whole batch is rejected before
+/// anything is written, so that the caller can set that message aside (dead-letter it)
+/// and deliver the others again. With several such keys it names the first that cannot
+/// be encoded (empty, too long), else the first the backend cannot store (a NUL on
+/// PostgreSQL); delivering the others again names the next.
+///
+/// Classified `Permanent`; [`InboxError::find`] takes it out of the handler's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidBatchKey {
+    /// Index of the message in the batch.
+    pub index: usize,
+    /// What is wrong with its key.
+    pub reason: InvalidKey,
+}
+
+impl fmt::Display for InvalidBatchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {} of the batch: {}; nothing of the batch was written",
+            self.index, self.reason
+        )
+    }
+}
+
+impl StdError for InvalidBatchKey {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.reason)
+    }
+}

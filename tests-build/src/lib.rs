@@ -1,0 +1,1 @@
+//! Nothing here: the compile tests are in `tests/ui.rs`, the cases in `tests/ui/`.
