@@ -94,6 +94,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+// The README's Rust snippets compile as written: `cargo test --doc` builds them.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
+
 pub use inbox_macros::idempotent;
 #[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
 pub use inbox_runtime::broker::MissingKey;
