@@ -130,8 +130,9 @@ pub mod guide;
 #[doc(hidden)]
 pub mod __private {
     pub use inbox_runtime::{
-        ClaimPolicy, ConnectionParameter, FastPath, Fingerprint, Handler, HandlerError,
-        HandlerResult, fake_return, outside_any_claim, register_handler, run, run_claimed,
+        ClaimPolicy, ConnectionParameter, DatabaseClassOf, FastPath, Fingerprint, Handler,
+        HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,
+        outside_any_claim, register_handler, run, run_claimed,
     };
     pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
 }

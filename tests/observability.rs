@@ -128,6 +128,73 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
     );
 }
 
+#[derive(Debug, thiserror::Error)]
+enum LedgerError {
+    #[error("database: {0}")]
+    Db(#[from] Error),
+    #[error("an entry's amount is never negative")]
+    Negative,
+}
+
+struct Entry {
+    id: &'static str,
+    amount: i64,
+}
+
+#[idempotent(consumer = "traced-entry", key = entry.id, fast_path = false)]
+async fn traced_entry(conn: &mut Conn, entry: &Entry) -> Result<(), LedgerError> {
+    if entry.amount < 0 {
+        return Err(LedgerError::Negative);
+    }
+    let insert = format!("INSERT INTO ledger VALUES ({})", entry.amount);
+    conn.batch_execute(&insert).await?;
+    Ok(())
+}
+
+/// A handler's error that holds a database error, here the body's own constraint
+/// violation, carries its class as `error.type`; an error of the handler's own has none.
+#[tokio::test]
+async fn a_database_error_from_the_body_is_labelled_with_its_class() {
+    let (db, mut conn) = database("body_error").await;
+    conn.batch_execute("CREATE TABLE ledger (amount BIGINT NOT NULL CHECK (amount < 1000))")
+        .await
+        .unwrap();
+
+    let recorded = Recorded::default();
+    let subscriber = tracing_subscriber::registry().with(recorded.clone());
+    let guard = tracing::subscriber::set_default(subscriber);
+    let too_large = Entry {
+        id: "e-1",
+        amount: 5_000,
+    };
+    let error = traced_entry(&mut conn, &too_large)
+        .await
+        .expect_err("the check");
+    assert!(matches!(error, LedgerError::Db(_)), "{error}");
+    let negative = Entry {
+        id: "e-2",
+        amount: -1,
+    };
+    let error = traced_entry(&mut conn, &negative)
+        .await
+        .expect_err("its own");
+    assert!(matches!(error, LedgerError::Negative), "{error}");
+    drop(guard);
+    db.cleanup().await.unwrap();
+
+    let spans = recorded.0.lock().unwrap();
+    let handled: Vec<&Fields> = spans
+        .iter()
+        .filter(|(name, _)| name == "inbox.process")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(handled.len(), 2, "{spans:?}");
+    assert_eq!(handled[0]["inbox.outcome"], "handler_error");
+    assert_eq!(handled[0]["error.type"], "Permanent", "{:?}", handled[0]);
+    assert_eq!(handled[1]["inbox.outcome"], "handler_error");
+    assert!(!handled[1].contains_key("error.type"), "{:?}", handled[1]);
+}
+
 /// Events, by their message, with the fields they carry.
 #[derive(Clone, Default)]
 struct Events(Arc<Mutex<Vec<Fields>>>);

@@ -156,8 +156,13 @@ use quote::ToTokens;
 ///         message_id,
 ///         mode,
 ///         fingerprint,
-///         // How the inbox's own database errors become the handler's error type.
-///         <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
+///         // How the inbox's own database errors become the handler's error type, and
+///         // (picked by autoref, for a `std::error::Error`) how a database error the
+///         // body raised is read back out of one for the span's `error.type`.
+///         diesel_inbox::__private::HandlerErrorType {
+///             from_diesel: <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
+///             database_class: (&&DatabaseClassOf::<AppError>::new()).reader(),
+///         },
 ///         // Not `move`: the parameters stay the handler's. `conn` here is the
 ///         // transaction's connection, shadowing the parameter; a `mut` written on the
 ///         // parameter moves here, to the binding the body can reassign. In claim mode

@@ -24,6 +24,7 @@ use crate::outcome::{Outcome, Stop};
 use crate::report;
 use crate::session_check;
 use crate::test_transaction;
+use crate::verdict::HandlerErrorType;
 
 /// What an `#[idempotent(batch = …)]` handler did with a batch: for each message, in the
 /// order given, whether it was processed or a duplicate, and the body's value.
@@ -180,7 +181,7 @@ pub async fn run_batch<'m, C, M, T, E, F>(
     handler: &'static Handler,
     messages: &'m [M],
     message_ids: Result<Vec<String>, InvalidBatchKey>,
-    into_error: fn(Error) -> E,
+    error_type: HandlerErrorType<E>,
     body: F,
 ) -> Result<BatchOutcome<T>, E>
 where
@@ -221,7 +222,10 @@ where
                 "duplicate",
             )
         }
-        Err(Stop::Handler(error)) => (Err(error), "handler_error"),
+        Err(Stop::Handler(error)) => {
+            report::handler_error(&span, (error_type.database_class)(&error));
+            (Err(error), "handler_error")
+        }
         Err(Stop::Database(error)) => {
             let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
@@ -231,7 +235,7 @@ where
                 error = %error,
                 "nothing was committed"
             );
-            (Err(into_error(error)), "database_error")
+            (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
     // Each message counts as a delivery of its own; a failed batch, all with its error.

@@ -68,4 +68,7 @@ pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
 pub use transaction::run;
-pub use verdict::{Classified, Classify, class_of, retry_after_of};
+pub use verdict::{
+    Classified, Classify, DatabaseClassOf, HandlerErrorType, OpaqueError, ReadsErrorChain,
+    class_of, retry_after_of,
+};

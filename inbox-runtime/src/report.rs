@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::classify::ErrorClass;
 use crate::handler::RegisteredHandler;
 
 /// One span per delivery, named after what it does, with OpenTelemetry's messaging
@@ -47,6 +48,15 @@ pub(crate) fn batch_span(handler: RegisteredHandler, message_count: usize) -> tr
         inbox.duration_ms = tracing::field::Empty,
         error.type = tracing::field::Empty
     )
+}
+
+/// Records, for an error the handler returned, the class of the database error it holds
+/// as the span's `error.type`: a constraint of the body's own writes shows as
+/// `Permanent`, a deadlock as `Transient`. An error of the handler's own has none.
+pub(crate) fn handler_error(span: &tracing::Span, database_class: Option<ErrorClass>) {
+    if let Some(class) = database_class {
+        span.record("error.type", tracing::field::debug(class));
+    }
 }
 
 /// Records how the delivery ended: `outcome` is one of `processed`, `duplicate`,

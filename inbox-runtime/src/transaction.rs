@@ -18,6 +18,7 @@ use crate::outcome::{Outcome, Stop};
 use crate::report;
 use crate::session_check;
 use crate::test_transaction;
+use crate::verdict::HandlerErrorType;
 
 /// Runs `body` exactly once per (`message_id`, `consumer`), in one transaction with the
 /// marker row. This is what `#[idempotent]` expands to.
@@ -42,16 +43,17 @@ use crate::test_transaction;
 /// The returned future is `Send` exactly when `body`'s is, so a handler can be spawned
 /// whenever its body could.
 ///
-/// Database errors reach the caller through `into_error`, which the macro spells as the
-/// handler's `From<diesel::result::Error>` conversion so that a missing impl is reported
-/// at the handler's signature.
+/// Database errors reach the caller through `error_type.from_diesel`, which the macro
+/// spells as the handler's `From<diesel::result::Error>` conversion so that a missing impl
+/// is reported at the handler's signature. A handler error that holds a database error
+/// (the body's own constraint violation) marks the span's `error.type` with its class.
 pub async fn run<C, T, E, F>(
     conn: &mut C,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
     fingerprint: Option<Fingerprint>,
-    into_error: fn(Error) -> E,
+    error_type: HandlerErrorType<E>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -91,7 +93,10 @@ where
             );
             (Ok(Outcome::Duplicate), "duplicate")
         }
-        Err(Stop::Handler(error)) => (Err(error), "handler_error"),
+        Err(Stop::Handler(error)) => {
+            report::handler_error(&span, (error_type.database_class)(&error));
+            (Err(error), "handler_error")
+        }
         Err(Stop::Database(error)) => {
             let error = session_check::explain(conn, error).await;
             span.record("error.type", tracing::field::debug(classify(&error)));
@@ -101,7 +106,7 @@ where
                 error = %error,
                 "nothing was committed"
             );
-            (Err(into_error(error)), "database_error")
+            (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
     report::finished(&span, handler.registration, outcome, started.elapsed());

@@ -8,6 +8,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel::result::{ConnectionError, Error};
@@ -206,6 +207,58 @@ fn verdict_of(error: &(dyn StdError + 'static)) -> Verdict {
         .filter(|class| class.is_retryable())
         .unwrap_or(ErrorClass::Permanent)
         .into()
+}
+
+/// How a mode handles a handler's error type: database errors convert into it, and a
+/// database error raised by the body is read back out of it for the delivery's span.
+/// The `#[idempotent]` expansion fills it in for the handler's declared error type.
+#[doc(hidden)]
+pub struct HandlerErrorType<E> {
+    /// `E`'s `From<diesel::result::Error>`.
+    pub from_diesel: fn(Error) -> E,
+    /// The class of the database error in an `E` the body returned, when `E` is a
+    /// `std::error::Error` whose chain holds one: a check or unique violation of the
+    /// body's own writes is then reported as such, not only as a handler error.
+    pub database_class: fn(&E) -> Option<ErrorClass>,
+}
+
+/// Picks [`HandlerErrorType::database_class`] for a handler's error type by autoref: the
+/// expansion calls `(&&DatabaseClassOf::<E>::new()).reader()`, which finds
+/// [`ReadsErrorChain`] where `E` is a `std::error::Error` and [`OpaqueError`] where not.
+#[doc(hidden)]
+pub struct DatabaseClassOf<E>(PhantomData<fn(&E)>);
+
+impl<E> DatabaseClassOf<E> {
+    #[doc(hidden)]
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+#[doc(hidden)]
+pub trait ReadsErrorChain<E> {
+    fn reader(&self) -> fn(&E) -> Option<ErrorClass>;
+}
+
+impl<E: StdError + 'static> ReadsErrorChain<E> for &DatabaseClassOf<E> {
+    fn reader(&self) -> fn(&E) -> Option<ErrorClass> {
+        |error| {
+            chain(error)
+                .find_map(|link| link.downcast_ref::<Error>())
+                .map(classify)
+        }
+    }
+}
+
+#[doc(hidden)]
+pub trait OpaqueError<E> {
+    fn reader(&self) -> fn(&E) -> Option<ErrorClass>;
+}
+
+impl<E> OpaqueError<E> for DatabaseClassOf<E> {
+    fn reader(&self) -> fn(&E) -> Option<ErrorClass> {
+        |_| None
+    }
 }
 
 /// `error`, then each error it wraps. `std::io::Error::source` skips the error it wraps

@@ -26,7 +26,7 @@ pub(crate) fn expand_run(
     conn: &Ident,
     borrow: &TokenStream,
     registration: &Ident,
-    into_error: &TokenStream,
+    error_type: &TokenStream,
     closure: &TokenStream,
 ) -> TokenStream {
     let Batch {
@@ -60,7 +60,7 @@ pub(crate) fn expand_run(
                 &#registration,
                 #slice,
                 #message_ids,
-                #into_error,
+                #error_type,
                 #closure,
             ))
             .await

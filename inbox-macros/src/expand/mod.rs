@@ -71,11 +71,21 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         let krate = at(&krate, key.span());
         quote_spanned!(key.span()=> #krate::InboxKey::encode(&(#key)))
     };
-    // Spanned at the error type, so that an error type without the conversion is
-    // reported at the handler's signature.
-    let into_error = {
-        let krate = at(&krate, err.span());
-        quote_spanned!(err.span()=> <#err as #krate::__private::HandlerError>::from_diesel)
+    // The conversion is spanned at the error type, so that an error type without it is
+    // reported at the handler's signature. The database-class reader is picked by autoref
+    // (a `std::error::Error` has its chain searched) and spanned at the attribute, so
+    // that lints about the `&&` do not reach the user's code.
+    let error_type = {
+        let at_err = at(&krate, err.span());
+        let from_diesel =
+            quote_spanned!(err.span()=> <#err as #at_err::__private::HandlerError>::from_diesel);
+        quote!(#krate::__private::HandlerErrorType {
+            from_diesel: #from_diesel,
+            database_class: {
+                use #krate::__private::{OpaqueError as _, ReadsErrorChain as _};
+                (&&#krate::__private::DatabaseClassOf::<#err>::new()).reader()
+            },
+        })
     };
     // Evaluated before the transaction, like the key, and before `run` borrows the
     // connection, so that it can use the connection too. In claim mode the same place
@@ -129,7 +139,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             &conn,
             &borrow,
             &registration,
-            &into_error,
+            &error_type,
             &closure,
         )
     } else {
@@ -147,7 +157,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
                     #message_id,
                     #mode_value,
                     #fingerprint_value,
-                    #into_error,
+                    #error_type,
                     #closure,
                 )
             );

@@ -18,6 +18,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
+use crate::verdict::HandlerErrorType;
 
 /// How long a claim is held when the handler sets no `lease`: five minutes.
 ///
@@ -90,7 +91,7 @@ pub async fn run_claimed<C, T, E, F>(
     message_id: Result<String, InvalidKey>,
     policy: ClaimPolicy,
     fingerprint: Option<Fingerprint>,
-    into_error: fn(Error) -> E,
+    error_type: HandlerErrorType<E>,
     body: F,
 ) -> Result<Outcome<T>, E>
 where
@@ -130,7 +131,10 @@ where
             );
             (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
         }
-        Settled::Handler(error) => (Err(error), "handler_error"),
+        Settled::Handler(error) => {
+            report::handler_error(&span, (error_type.database_class)(&error));
+            (Err(error), "handler_error")
+        }
         Settled::Database(error) => {
             span.record("error.type", tracing::field::debug(classify(&error)));
             tracing::debug!(
@@ -139,7 +143,7 @@ where
                 error = %error,
                 "the claim was not completed"
             );
-            (Err(into_error(error)), "database_error")
+            (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
     report::finished(&span, registration, outcome, started.elapsed());
