@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use ::lapin::message::Delivery;
 use ::lapin::options::{
-    BasicAckOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicNackOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use ::lapin::publisher_confirm::Confirmation;
 use ::lapin::types::{AMQPValue, FieldTable, LongString};
@@ -329,13 +329,45 @@ impl Queues {
     /// must be in confirm mode (`confirm_select`) for retries and dead letters.
     ///
     /// A retry beyond [`with_max_retries`](Self::with_max_retries) is dead-lettered.
+    ///
+    /// # Errors
+    ///
+    /// When the copy for a retry or a dead letter is not stored (the broker refused it, a
+    /// queue is full, the channel failed), the delivery is handed back to the work queue
+    /// with a nack and requeue where the channel still allows, so that it is delivered
+    /// again at once rather than held unacked until the channel closes; a closed channel
+    /// returns it by itself. Either way nothing is lost, and the error says why.
     pub async fn settle(
         &self,
         channel: &Channel,
         delivery: &Delivery,
         disposition: &Disposition,
     ) -> Result<Settled, SettleError> {
-        let settled = match disposition {
+        let settled = match self.store_copy(channel, delivery, disposition).await {
+            Ok(settled) => settled,
+            Err(error) => {
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                // On a closed channel the nack fails too, and the broker requeues anyway.
+                let _requeued = delivery.acker.nack(requeue).await;
+                return Err(error);
+            }
+        };
+        delivery.acker.ack(BasicAckOptions::default()).await?;
+        Ok(settled)
+    }
+
+    /// The copy `disposition` calls for, stored and confirmed: none for `Ack`, one in a
+    /// retry queue or in the dead-letter queue otherwise.
+    async fn store_copy(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        disposition: &Disposition,
+    ) -> Result<Settled, SettleError> {
+        Ok(match disposition {
             Disposition::Ack => Settled::Acked,
             Disposition::Retry { after } => {
                 let retry = retries(delivery) + 1;
@@ -382,9 +414,7 @@ impl Queues {
                     reason: reason.clone(),
                 }
             }
-        };
-        delivery.acker.ack(BasicAckOptions::default()).await?;
-        Ok(settled)
+        })
     }
 
     async fn send_to_dead_letter(
