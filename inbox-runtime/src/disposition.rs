@@ -1,10 +1,7 @@
 //! What to tell the broker about a delivery, from what its handler returned.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
-
-use diesel::result::Error;
 
 use crate::batch::BatchOutcome;
 use crate::classify::ErrorClass;
@@ -94,22 +91,11 @@ impl Disposition {
     }
 }
 
-/// The first diesel error in `error`'s [`source`](StdError::source) chain, `error`
-/// itself included.
-pub fn find_database_error<'e>(error: &'e (dyn StdError + 'static)) -> Option<&'e Error> {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if let Some(database) = error.downcast_ref::<Error>() {
-            return Some(database);
-        }
-        current = error.source();
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
-    use diesel::result::DatabaseErrorKind;
+    use std::error::Error as StdError;
+
+    use diesel::result::{DatabaseErrorKind, Error};
 
     use super::*;
     use crate::classify::classify;

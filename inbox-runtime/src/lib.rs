@@ -46,7 +46,7 @@ pub use backend::InboxBackend;
 pub use batch::{BatchOutcome, BatchParameter, batch_keys, batch_messages, run_batch};
 pub use claims::{Claim, ClaimPolicy, outside_any_claim, run_claimed};
 pub use classify::{ErrorClass, classify};
-pub use disposition::{Disposition, find_database_error};
+pub use disposition::Disposition;
 pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey};
 pub use fast_path::FastPath;
 pub use fingerprint::Fingerprint;
@@ -70,5 +70,5 @@ pub use retry::{RetryPolicy, retry};
 pub use transaction::run;
 pub use verdict::{
     Classified, Classify, DatabaseClassOf, HandlerErrorType, OpaqueError, ReadsErrorChain,
-    class_of, retry_after_of,
+    class_of, find_database_error, retry_after_of,
 };

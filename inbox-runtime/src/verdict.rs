@@ -209,6 +209,12 @@ fn verdict_of(error: &(dyn StdError + 'static)) -> Verdict {
         .into()
 }
 
+/// The first diesel error in `error`'s [`source`](StdError::source) chain, `error`
+/// itself included.
+pub fn find_database_error<'e>(error: &'e (dyn StdError + 'static)) -> Option<&'e Error> {
+    chain(error).find_map(|link| link.downcast_ref::<Error>())
+}
+
 /// How a mode handles a handler's error type: database errors convert into it, and a
 /// database error raised by the body is read back out of it for the delivery's span.
 /// The `#[idempotent]` expansion fills it in for the handler's declared error type.
@@ -242,11 +248,7 @@ pub trait ReadsErrorChain<E> {
 
 impl<E: StdError + 'static> ReadsErrorChain<E> for &DatabaseClassOf<E> {
     fn reader(&self) -> fn(&E) -> Option<ErrorClass> {
-        |error| {
-            chain(error)
-                .find_map(|link| link.downcast_ref::<Error>())
-                .map(classify)
-        }
+        |error| find_database_error(error).map(classify)
     }
 }
 
