@@ -1,6 +1,6 @@
 //! The SQLite suite: a database file per test, WAL, several connections.
 
-mod common;
+use crate::common;
 
 use diesel::result::Error;
 use diesel::sqlite::SqliteConnection;
@@ -173,12 +173,6 @@ async fn ledger2(conn: &mut Conn, credit: &Credit) -> Result<(), Error> {
     common::apply(conn, credit).await
 }
 
-#[cfg(all(
-    feature = "retry",
-    feature = "anyhow",
-    feature = "deadpool",
-    feature = "bb8"
-))]
 #[tokio::test]
 async fn own_errors_say_their_verdict() {
     common::verdicts::own_errors_say_their_verdict().await;

@@ -3,8 +3,6 @@
 //! Each suite provides a [`TestDb`]: a database of its own (a schema, a database or a
 //! file) so that suites running at the same time never see each other's inbox.
 
-#![allow(dead_code)]
-
 use std::fmt::Debug;
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
@@ -19,14 +17,11 @@ pub use inbox_fixtures::credit::Credit;
 use inbox_fixtures::credit::CreditTables;
 use tokio::sync::{Barrier, Notify};
 
+#[macro_use]
 pub mod batch;
+#[macro_use]
 pub mod keys;
-#[cfg(all(
-    feature = "retry",
-    feature = "anyhow",
-    feature = "deadpool",
-    feature = "bb8"
-))]
+#[macro_use]
 pub mod verdicts;
 
 /// A database a test has to itself, and what its suite knows about the backend.
@@ -842,21 +837,18 @@ pub trait PastInstant {
     fn seconds_ago(seconds: i64) -> String;
 }
 
-#[cfg(feature = "postgres")]
 impl PastInstant for diesel::pg::Pg {
     fn seconds_ago(seconds: i64) -> String {
         format!("now() - INTERVAL '{seconds} seconds'")
     }
 }
 
-#[cfg(feature = "mysql")]
 impl PastInstant for diesel::mysql::Mysql {
     fn seconds_ago(seconds: i64) -> String {
         format!("NOW(6) - INTERVAL {seconds} SECOND")
     }
 }
 
-#[cfg(feature = "sqlite")]
 impl PastInstant for diesel::sqlite::Sqlite {
     fn seconds_ago(seconds: i64) -> String {
         format!("datetime('now', '-{seconds} seconds')")
@@ -1247,7 +1239,6 @@ pub async fn bounded<T>(scenario: impl Future<Output = T>) -> T {
 }
 
 /// Every scenario that holds on all three backends, as one `#[tokio::test]` each.
-#[macro_export]
 macro_rules! common_scenarios {
     ($db:expr) => {
         common_scenarios!(@tests $db;

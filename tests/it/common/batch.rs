@@ -465,7 +465,6 @@ pub async fn batch_runs_inside_a_test_transaction<D: TestDb>(db: D) {
 
 /// Every batch scenario, as one `#[tokio::test]` each, and the rolled-back-underneath
 /// one with the statement the backend's body swallows.
-#[macro_export]
 macro_rules! batch_scenarios {
     ($db:expr, swallowed = $swallowed:expr) => {
         batch_scenarios!(@tests $db;

@@ -15,7 +15,7 @@ use diesel_async::{AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, Tra
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
 
-mod common;
+use crate::common;
 
 type SqliteConnection = SyncConnectionWrapper<SyncSqlite>;
 

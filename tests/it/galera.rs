@@ -6,7 +6,7 @@
 //! 127.0.0.1:3311–3313); `GALERA_MESSAGES` sets how many messages the races deliver
 //! (default 30; `.ci/run` keeps the default, the long run is in CONTRIBUTING.md).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -204,7 +204,6 @@ fn invalid_key(error: &Error) -> Option<&InvalidKey> {
 }
 
 /// The scenario as a test of each session setting a suite gives: `name => "settings"`.
-#[macro_export]
 macro_rules! key_scenarios {
     ($db:expr, $storage:expr; $($test:ident => $settings:expr),+ $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,6 +1,6 @@
 //! The MySQL/MariaDB suite: a database per test on the server named by `MYSQL_URL`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -586,7 +586,6 @@ async fn three_way_deadlock_is_transient_and_retry_is_exactly_once() {
 
 /// The three-way deadlock again, each waiter delivering through the retry helper: the
 /// deadlock never reaches the caller, and the message is applied exactly once.
-#[cfg(feature = "retry")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_way_deadlock_through_the_retry_helper_is_exactly_once() {
     let Some(db) = create("retried_deadlock").await else {
@@ -713,7 +712,7 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
     db.cleanup().await;
 }
 
-#[idempotent(consumer = "claimed", key = credit.message_id.as_str(), claim)]
+#[idempotent(consumer = "mysql-claimed", key = credit.message_id.as_str(), claim)]
 async fn claimed(conn: &mut AsyncMysqlConnection, credit: &Credit) -> Result<(), Error> {
     common::apply(conn, credit).await
 }

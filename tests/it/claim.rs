@@ -448,7 +448,7 @@ async fn crash_after_the_claim_in_a_killed_process<C: TestConnection>(db: TestDa
         .args([
             "--ignored",
             "--exact",
-            "child_claims_then_hangs",
+            "claim::child_claims_then_hangs",
             "--nocapture",
         ])
         .env("CLAIM_CHILD_BACKEND", backend_name::<C>())
@@ -1040,7 +1040,7 @@ async fn live_claims_are_never_pruned<C: TestConnection>(db: TestDatabase<C>) {
 
 /// The transactional mode with a fingerprint: a reused key with another payload is
 /// refused before the body's writes commit, with the fast path and without.
-#[idempotent(consumer = "ledger", key = entry.0, fingerprint = entry.1, fast_path = read_first)]
+#[idempotent(consumer = "fingerprinted-ledger", key = entry.0, fingerprint = entry.1, fast_path = read_first)]
 async fn record<C>(conn: &mut C, entry: (&str, &str), read_first: bool) -> Result<(), Error>
 where
     C: AsyncConnection,

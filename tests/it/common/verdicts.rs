@@ -397,7 +397,6 @@ pub async fn own_errors_say_their_verdict() {
 /// The verdict scenarios that hold on every backend: `lock_wait` limits a session's wait
 /// for a lock, `read_only` makes a session read-only; on a server, `unreachable` is a
 /// connection type and a URL where nothing listens.
-#[macro_export]
 macro_rules! verdict_scenarios {
     ($db:expr, lock_wait = $lock_wait:expr, read_only = $read_only:expr $(,)?) => {
         verdict_scenarios!(@test $db; wrapped_database_errors_are_retried($lock_wait));
@@ -413,7 +412,6 @@ macro_rules! verdict_scenarios {
     ) => {
         verdict_scenarios!($db, lock_wait = $lock_wait, read_only = $read_only);
 
-        #[cfg(all(feature = "retry", feature = "anyhow", feature = "deadpool", feature = "bb8"))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn unreachable_databases_are_retried() {
             if let Some(db) = $db("unreachable").await {
@@ -427,7 +425,6 @@ macro_rules! verdict_scenarios {
         }
     };
     (@test $db:expr; $scenario:ident($($arg:expr),*)) => {
-        #[cfg(all(feature = "retry", feature = "anyhow", feature = "deadpool", feature = "bb8"))]
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $scenario() {
             if let Some(db) = $db(stringify!($scenario)).await {

@@ -1,6 +1,6 @@
 //! The PostgreSQL suite: a schema per test on the server named by `POSTGRES_URL`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -383,7 +383,6 @@ where
 
 /// A run whose connection the server terminated is retried by the helper on a new
 /// connection from the pool, and the message is applied once.
-#[cfg(feature = "retry")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_connection_is_retried_on_a_new_one() {
     let Some(db) = create("lost_connection").await else {
@@ -419,7 +418,7 @@ async fn lost_connection_is_retried_on_a_new_one() {
     db.cleanup().await;
 }
 
-#[idempotent(consumer = "claimed", key = credit.message_id.as_str(), claim)]
+#[idempotent(consumer = "postgres-claimed", key = credit.message_id.as_str(), claim)]
 async fn claimed(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Error> {
     common::apply(conn, credit).await
 }

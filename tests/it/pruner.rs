@@ -143,7 +143,6 @@ async fn a_paced_prune_deletes_what_a_flat_out_one_does() {
 
 /// An owned pool is all a pruner needs, deadpool's or bb8's: one line, where a closure
 /// over an owned pool (`move || pool.get()`) does not compile.
-#[cfg(all(feature = "deadpool", feature = "bb8"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owned_pool_is_all_a_pruner_needs() {
     use diesel_async::pooled_connection::AsyncDieselConnectionManager;

@@ -111,7 +111,10 @@ async fn each_delivery_is_one_span_with_its_consumer_key_and_outcome() {
     for fields in &handled {
         assert_eq!(fields["messaging.operation.type"], "process");
         assert_eq!(fields["messaging.consumer.group.name"], "traced-credit");
-        assert_eq!(fields["code.function.name"], "observability::traced_credit");
+        assert_eq!(
+            fields["code.function.name"],
+            "it::observability::traced_credit"
+        );
         assert_eq!(fields["inbox.read_first"], "false");
         let duration: f64 = fields["inbox.duration_ms"].parse().unwrap();
         assert!(duration >= 0.0, "{fields:?}");
@@ -331,7 +334,10 @@ async fn a_batch_is_one_span_with_its_size_and_counts() {
     assert_eq!(batches.len(), 3, "one span per batch: {spans:?}");
     for fields in &batches {
         assert_eq!(fields["messaging.consumer.group.name"], "traced-batch");
-        assert_eq!(fields["code.function.name"], "observability::traced_batch");
+        assert_eq!(
+            fields["code.function.name"],
+            "it::observability::traced_batch"
+        );
         let duration: f64 = fields["inbox.duration_ms"].parse().unwrap();
         assert!(duration >= 0.0, "{fields:?}");
     }
