@@ -85,9 +85,12 @@
 //! | `retry` | `retry`: runs a handler again, with backoff, while its error is retryable |
 //! | `pruner` | `Pruner`: prunes old markers in a background task |
 //! | `metrics` | `metrics`: a counter and a duration histogram per consumer and outcome |
-//! | `lapin`, `nats`, `kafka` | the broker glue (`lapin`, `nats`, `kafka`): a message's key, and a [`Disposition`] carried out on RabbitMQ and JetStream |
 //! | `anyhow` | [`Classify`] for `anyhow::Error` |
 //! | `deadpool`, `bb8` | [`Classify`] for the pools' errors, and a pool as a `Pruner`'s connections |
+//!
+//! The broker glue, a delivery's key and a [`Disposition`] carried out on the broker, is
+//! in crates of its own: `diesel-inbox-lapin` (RabbitMQ), `diesel-inbox-nats` (NATS
+//! JetStream) and `diesel-inbox-kafka` ([`guide::brokers`]).
 
 // docs.rs marks each item with the cargo features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -100,14 +103,6 @@
 struct ReadmeSnippets;
 
 pub use inbox_macros::idempotent;
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
-pub use inbox_runtime::broker::MissingKey;
-#[cfg(feature = "kafka")]
-pub use inbox_runtime::broker::kafka;
-#[cfg(feature = "lapin")]
-pub use inbox_runtime::broker::lapin;
-#[cfg(feature = "nats")]
-pub use inbox_runtime::broker::nats;
 pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
@@ -115,7 +110,7 @@ pub use inbox_runtime::schema;
 pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     Claim, ClaimError, Classified, Classify, Disposition, ErrorClass, Fingerprint,
-    FingerprintMismatch, InboxBackend, InboxError, InboxKey, InvalidKey, Outcome,
+    FingerprintMismatch, InboxBackend, InboxError, InboxKey, InvalidKey, MissingKey, Outcome,
     RegisteredHandler, Retention, SharedConsumers, check_consumers, class_of, classify,
     find_database_error, migrate, prune, registered_handlers, retry_after_of,
 };

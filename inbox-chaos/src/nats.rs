@@ -6,7 +6,7 @@ use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::stream::RetentionPolicy;
 use async_nats::jetstream::{self, Context, stream};
 use diesel_inbox::InboxKey;
-use diesel_inbox::nats::{Settlement, message_key};
+use diesel_inbox_nats::{Settlement, message_key};
 use futures_util::{StreamExt, TryStreamExt};
 use inbox_fixtures::credit::Credit;
 use tokio::signal::unix::{SignalKind, signal};

@@ -1,6 +1,6 @@
 //! The run's RabbitMQ side: its queues, the publisher, and the consumer process.
 
-use diesel_inbox::lapin::{Queues, message_key};
+use diesel_inbox_lapin::{Queues, message_key};
 use futures_util::{StreamExt, TryStreamExt};
 use inbox_fixtures::credit::Credit;
 use lapin::options::{
@@ -15,7 +15,7 @@ use crate::handlers;
 use crate::{BoxError, ConsumeArgs};
 
 async fn connect(url: &str) -> Result<(Connection, Channel), BoxError> {
-    let connection = diesel_inbox::lapin::connect(url).await?;
+    let connection = diesel_inbox_lapin::connect(url).await?;
     let channel = connection.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())

@@ -84,6 +84,42 @@ impl fmt::Display for InvalidKey {
 
 impl std::error::Error for InvalidKey {}
 
+/// A delivery without a field the inbox can key it by.
+///
+/// Such a message cannot be told apart from its own redeliveries, so it is never
+/// processed: dead-letter it with this error's text as the reason. The broker crates
+/// (`diesel-inbox-lapin`, `diesel-inbox-nats`, `diesel-inbox-kafka`) return it from their
+/// `message_key`, and glue of your own for another broker can too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingKey {
+    field: &'static str,
+}
+
+impl MissingKey {
+    /// A delivery that lacks `field` (say, "message_id property"), or has it empty.
+    pub fn new(field: &'static str) -> Self {
+        Self { field }
+    }
+
+    /// The broker field that was absent or empty.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for MissingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message has no {}: without a key that stays the same across redeliveries it \
+             cannot be processed exactly once, so it was not processed",
+            self.field
+        )
+    }
+}
+
+impl std::error::Error for MissingKey {}
+
 /// Encodes `key` into the text stored as `message_id`, checking that it fits.
 pub fn encode_key<K: InboxKey + ?Sized>(key: &K) -> Result<String, InvalidKey> {
     let mut encoded = String::new();

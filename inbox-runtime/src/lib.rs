@@ -11,8 +11,6 @@
 
 mod backend;
 mod batch;
-#[cfg(any(feature = "lapin", feature = "nats", feature = "kafka"))]
-pub mod broker;
 pub mod claims;
 mod classify;
 mod disposition;
@@ -57,7 +55,7 @@ pub use handler::{
 // The registration's expansion submits to the program-wide list through it.
 #[doc(hidden)]
 pub use inventory;
-pub use key::{InboxKey, InvalidKey, encode_key};
+pub use key::{InboxKey, InvalidKey, MissingKey, encode_key};
 pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use prune::prune;

@@ -11,7 +11,7 @@
 //! | [`acknowledging`] | from a handler's result to the broker's ack: what is retried, your own errors, retrying in a fresh transaction |
 //! | [`claim_mode`] | effects outside the database (e-mail, payments, HTTP calls): claims, leases, takeovers, operators |
 //! | [`batches`] | many messages in one transaction, each still decided on its own |
-//! | [`brokers`] | RabbitMQ, NATS JetStream and Kafka: which field is the key, settling deliveries |
+//! | [`brokers`] | the crates for RabbitMQ, NATS JetStream and Kafka: what their glue promises, which field is the key |
 //! | [`pruning`] | deleting old markers, and how long to keep them for each broker |
 //! | [`clusters`] | MariaDB Galera and other multi-node databases |
 //! | [`testing`] | a database of each test's own, and handlers inside test transactions |

@@ -1,4 +1,4 @@
-//! `diesel_inbox::nats` against the local NATS JetStream: the key of a message, and each
+//! `diesel_inbox_nats` against the local NATS JetStream: the key of a message, and each
 //! disposition carried out on real streams. Each test creates streams of its own and
 //! deletes them at the end.
 
@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, Context, Message, stream};
-use diesel_inbox::nats::{
+use diesel_inbox::{Disposition, InboxKey};
+use diesel_inbox_nats::{
     CONSUMER_HEADER, MessageKey, ORIGINAL_ID_HEADER, REASON_HEADER, SEQUENCE_HEADER, STREAM_HEADER,
     Settled, Settlement, message_key,
 };
-use diesel_inbox::{Disposition, InboxKey};
 use futures_util::StreamExt;
 
 /// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),

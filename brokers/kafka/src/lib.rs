@@ -1,4 +1,13 @@
-//! Kafka through [rskafka](https://docs.rs/rskafka): the key of a record.
+//! Kafka glue for [diesel-inbox](https://docs.rs/diesel-inbox), through
+//! [rskafka](https://docs.rs/rskafka) (pure Rust): the key of a record. What all the
+//! broker glue shares is in diesel-inbox's
+//! [brokers guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/brokers/index.html).
+//!
+//! ```toml
+//! [dependencies]
+//! diesel-inbox = { version = "0.1", features = ["postgres"] }
+//! diesel-inbox-kafka = "0.1"
+//! ```
 //!
 //! Kafka does not redeliver one message: after a crash or a rebalance the consumer
 //! re-reads the partition from its last committed offset, and every record after it
@@ -7,16 +16,43 @@
 //! the record if the consumer died before the database commit; committing it after is at
 //! least once, and the inbox turns the re-read into `Duplicate`.
 //!
+//! # The key
+//!
 //! The key is a header the producer sets (an event id), which stays the same when the
 //! producer sends the record again after a lost acknowledgement, or when a record is
 //! copied to another topic. Without one, (topic, partition, offset) names the record:
 //! stable across re-reads, but a producer's retry is a new offset, and so a new key.
-//! The record timestamp is no key: two records can share one.
+//! The record timestamp is no key: two records can share one. [`message_key`] picks the
+//! key of an rskafka record, [`record_key`] that of any client's:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use diesel_inbox_kafka::{RecordKey, record_key};
+//!
+//! let mut headers = BTreeMap::new();
+//! let key = record_key("event-id", "credits", 0, 42, &headers)?;
+//! assert!(matches!(key, RecordKey::Position { offset: 42, .. }));
+//! headers.insert("event-id".to_owned(), b"e-1".to_vec());
+//! assert_eq!(record_key("event-id", "credits", 0, 42, &headers)?, RecordKey::Header("e-1"));
+//! # Ok::<(), diesel_inbox::MissingKey>(())
+//! ```
+//!
+//! # A complete consumer
+//!
+//! The repository's `brokers/kafka/examples/kafka.rs` is a consumer that commits its
+//! offset after each handler (CI builds it; there is no Kafka broker there to run it
+//! against):
+//!
+//! ```sh
+//! cargo build -p diesel-inbox-kafka --example kafka
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 use std::collections::BTreeMap;
 
-use super::MissingKey;
-use crate::key::{InboxKey, InvalidKey};
+use diesel_inbox::{InboxKey, InvalidKey, MissingKey};
 
 /// The inbox key of a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,7 +114,7 @@ pub fn message_key<'a>(
     id_header: &'static str,
     topic: &'a str,
     partition: i32,
-    record: &'a ::rskafka::record::RecordAndOffset,
+    record: &'a rskafka::record::RecordAndOffset,
 ) -> Result<RecordKey<'a>, MissingKey> {
     record_key(
         id_header,
@@ -92,16 +128,15 @@ pub fn message_key<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::encode_key;
 
     #[test]
     fn the_header_wins_and_the_position_is_the_fallback() {
         let mut headers = BTreeMap::new();
         let position = record_key("event-id", "credits", 3, 42, &headers).unwrap();
-        assert_eq!(encode_key(&position).unwrap(), "7:credits1:32:42");
+        assert_eq!(position.encode().unwrap(), "7:credits1:32:42");
         headers.insert("event-id".to_owned(), b"e-1".to_vec());
         let header = record_key("event-id", "credits", 3, 42, &headers).unwrap();
-        assert_eq!(encode_key(&header).unwrap(), "e-1");
+        assert_eq!(header.encode().unwrap(), "e-1");
         headers.insert("event-id".to_owned(), vec![0xff]);
         let error = record_key("event-id", "credits", 3, 42, &headers).unwrap_err();
         assert_eq!(error.field(), "event-id");

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672 \
-//!     cargo run --example rabbitmq --features lapin,postgres
+//!     cargo run -p diesel-inbox-lapin --example rabbitmq
 //! ```
 //!
 //! It consumes the quorum queue `credits` (`QUEUE` to change it), published to with a
@@ -11,10 +11,9 @@
 //!
 //! - `CONCURRENCY` handlers (8) run at once, each on a pooled connection; the channel's
 //!   prefetch is the same number, so the broker never hands out more than are running.
-//! - The outcome is carried out by `diesel_inbox::lapin::Queues::settle`: ack, retry
-//!   through the retry queue of its delay (`credits.retry.1000ms`), or dead-letter to
-//!   `credits.dead-letter`
-//!   with the reason. A message without `message_id` is dead-lettered, never processed.
+//! - The outcome is carried out by `Queues::settle`: ack, retry through the retry queue
+//!   of its delay (`credits.retry.1000ms`), or dead-letter to `credits.dead-letter` with
+//!   the reason. A message without `message_id` is dead-lettered, never processed.
 //! - SIGTERM or Ctrl-C: stop taking deliveries, let the running handlers finish and
 //!   settle, close the channel and the connection.
 //! - A lost broker connection reconnects with exponential backoff (up to 30 s); a lost
@@ -27,8 +26,8 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::lapin::{Queues, Settled, connect, message_key};
 use diesel_inbox::{Classify, Disposition, ErrorClass, idempotent};
+use diesel_inbox_lapin::{Queues, Settled, connect, message_key};
 use futures_util::{StreamExt, TryStreamExt};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,

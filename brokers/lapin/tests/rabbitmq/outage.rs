@@ -13,9 +13,9 @@ use diesel_async::AsyncConnection;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, PoolError, PoolableConnection,
 };
-use diesel_inbox::lapin::{Queues, Settled, message_key};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
 use diesel_inbox::{Disposition, InboxBackend, RetryPolicy, idempotent, retry};
+use diesel_inbox_lapin::{Queues, Settled, message_key};
 use futures_util::StreamExt as _;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -293,7 +293,7 @@ async fn consume<C>(
     AsyncDieselConnectionManager<C>: deadpool::managed::Manager<Type = C, Error = PoolError>,
 {
     let url = server_url("AMQP_URL").expect("AMQP_URL");
-    let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
+    let connection = diesel_inbox_lapin::connect(&url).await.expect("connect");
     let channel = super::confirming_channel(&connection).await;
     channel
         .basic_qos(2, BasicQosOptions::default())

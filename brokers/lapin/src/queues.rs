@@ -1,49 +1,19 @@
-//! RabbitMQ through [lapin](https://docs.rs/lapin): the key of a delivery, and a
-//! [`Disposition`] carried out on it.
-//!
-//! The key is the `message_id` property, which the producer sets and RabbitMQ never
-//! changes. The delivery tag (per channel), the `redelivered` flag, the `x-delivery-count`
-//! header and the timestamp all change or may be absent across redeliveries: none of them
-//! is a key.
-//!
-//! [`Queues`] names a work queue and its two companions, declares them, and settles
-//! deliveries:
-//!
-//! | disposition | what happens |
-//! |---|---|
-//! | `Ack` | the delivery is acked |
-//! | `Retry { after }` | a copy goes to the retry queue of that delay, `<work>.retry.<ms>ms`, from where RabbitMQ dead-letters it back to the work queue once the delay has passed; then the delivery is acked |
-//! | `DeadLetter { reason }` | a copy goes to `<work>.dead-letter` with the reason in the `x-inbox-reason` header; then the delivery is acked |
-//!
-//! RabbitMQ expires messages only at the head of a queue, so one retry queue holding
-//! different delays would return a short retry only after every longer one ahead of it:
-//! 200 ms behind 15 s came back after 15 s. Each retry queue holds one delay, its
-//! queue-wide TTL, and a delay waits in the queue of the next one up on a fixed ladder
-//! (100 ms, 250 ms, 500 ms, 1 s, then each a tenth and a second longer than the last, up
-//! to a day): a retry after *d* comes back after at most *d* plus a tenth plus a second,
-//! whatever else is waiting. Each retry declares (idempotently) the retry queue it waits
-//! in, so only the delays retries have used have a queue.
-//! Delays beyond the ladder's top come back after about a day.
-//!
-//! Copies are published with `mandatory` on a channel in confirm mode, and the delivery is
-//! acked only once the broker has confirmed the copy: a crash in between leaves two copies
-//! of the message, which the inbox turns into one `Processed` and one `Duplicate`, never
-//! none. The work queue is a quorum queue with a delivery limit, so a message that keeps
-//! killing its consumer lands in the dead-letter queue too.
+//! A work queue with its retry and dead-letter queues: declaring them, and settling a
+//! delivery through them.
 
 use std::time::Duration;
 
-use ::lapin::message::Delivery;
-use ::lapin::options::{
+use diesel_inbox::{Disposition, Retention};
+use lapin::message::Delivery;
+use lapin::options::{
     BasicAckOptions, BasicNackOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use ::lapin::publisher_confirm::Confirmation;
-use ::lapin::types::{AMQPValue, FieldTable, LongString};
-use ::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection};
 
-use super::MissingKey;
-use crate::disposition::Disposition;
-use crate::retention::Retention;
+use crate::ladder::{retry_tier, retry_tiers};
+use crate::{REASON_HEADER, RETRIES_HEADER, retries};
 
 /// Why a copy was not confirmed, when the broker refused it (a nack).
 const REFUSED: &str = "refused by the broker";
@@ -51,46 +21,6 @@ const REFUSED: &str = "refused by the broker";
 /// Copies a retry queue refuses before the settle gives up: a queue being created by
 /// several consumers at once refuses the first few.
 const RETRY_QUEUE_REFUSALS: u32 = 5;
-
-/// The header that counts how often a message went through the retry queue.
-pub const RETRIES_HEADER: &str = "x-inbox-retries";
-/// The header that carries a dead-lettered message's reason.
-pub const REASON_HEADER: &str = "x-inbox-reason";
-
-/// Connects to RabbitMQ at `url` (`amqp://…`) with lapin running on the current tokio
-/// runtime, its executor and its reactor: the glue lapin needs and does not bring.
-///
-/// # Panics
-///
-/// Outside a tokio runtime.
-pub async fn connect(url: &str) -> Result<Connection, ::lapin::Error> {
-    let properties = ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    Connection::connect(url, properties).await
-}
-
-/// The inbox key of a delivery: its `message_id` property.
-///
-/// A delivery without one, or with an empty one, is [`MissingKey`]: dead-letter it.
-pub fn message_key(delivery: &Delivery) -> Result<&str, MissingKey> {
-    match delivery.properties.message_id() {
-        Some(id) if !id.as_str().is_empty() => Ok(id.as_str()),
-        _ => Err(MissingKey::new("message_id property")),
-    }
-}
-
-/// How many times a delivery has already been sent back through the retry queue.
-pub fn retries(delivery: &Delivery) -> u32 {
-    delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|headers| headers.inner().get(RETRIES_HEADER))
-        .and_then(AMQPValue::as_long_long_int)
-        .and_then(|count| u32::try_from(count).ok())
-        .unwrap_or(0)
-}
 
 /// A work queue with its retry queues and dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +59,7 @@ pub enum Settled {
 #[non_exhaustive]
 pub enum SettleError {
     /// The channel or connection failed.
-    Broker(::lapin::Error),
+    Broker(lapin::Error),
     /// The broker did not confirm the copy sent to `queue`: it refused it (nack), could
     /// not route it (the queue does not exist), or the channel is not in confirm mode
     /// (`confirm_select`).
@@ -162,8 +92,8 @@ impl std::error::Error for SettleError {
     }
 }
 
-impl From<::lapin::Error> for SettleError {
-    fn from(error: ::lapin::Error) -> Self {
+impl From<lapin::Error> for SettleError {
+    fn from(error: lapin::Error) -> Self {
         Self::Broker(error)
     }
 }
@@ -250,7 +180,7 @@ impl Queues {
     /// The work queue dead-letters, at least once, to the dead-letter queue, which catches
     /// messages over the delivery limit; each retry queue dead-letters, at least once, its
     /// expired messages back to the work queue.
-    pub async fn declare(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
+    pub async fn declare(&self, channel: &Channel) -> Result<(), lapin::Error> {
         let options = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -273,7 +203,7 @@ impl Queues {
         &self,
         channel: &Channel,
         tier: Duration,
-    ) -> Result<(), ::lapin::Error> {
+    ) -> Result<(), lapin::Error> {
         let options = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -290,7 +220,7 @@ impl Queues {
     /// Messages waiting in the retry queues to come back to the work queue. Opens a
     /// channel per retry queue that does not exist (RabbitMQ closes the channel that asks
     /// about one), so call it to watch a run, not per delivery.
-    pub async fn waiting_retries(&self, connection: &Connection) -> Result<u64, ::lapin::Error> {
+    pub async fn waiting_retries(&self, connection: &Connection) -> Result<u64, lapin::Error> {
         let asking = QueueDeclareOptions {
             passive: true,
             ..QueueDeclareOptions::default()
@@ -312,7 +242,7 @@ impl Queues {
 
     /// Deletes the work queue, the dead-letter queue and every retry queue, with whatever
     /// they hold (and the single `<work>.retry` of earlier releases).
-    pub async fn delete(&self, channel: &Channel) -> Result<(), ::lapin::Error> {
+    pub async fn delete(&self, channel: &Channel) -> Result<(), lapin::Error> {
         let retries = self.retry_queues().chain([format!("{}.retry", self.work)]);
         for queue in [self.work.clone(), self.dead_letter.clone()]
             .into_iter()
@@ -369,52 +299,61 @@ impl Queues {
     ) -> Result<Settled, SettleError> {
         Ok(match disposition {
             Disposition::Ack => Settled::Acked,
-            Disposition::Retry { after } => {
-                let retry = retries(delivery) + 1;
-                if retry > self.max_retries {
-                    let reason = format!(
-                        "still failing with a retryable error after {} retries",
-                        self.max_retries
-                    );
-                    self.send_to_dead_letter(channel, delivery, &reason).await?;
-                    Settled::DeadLettered { reason }
-                } else {
-                    let tier = retry_tier(after.unwrap_or(self.retry_delay));
-                    let mut headers = headers_of(delivery);
-                    headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retry.into()));
-                    // The queue's TTL alone decides: a producer's shorter `expiration`
-                    // would return the copy early.
-                    let properties = without_expiration(&delivery.properties).with_headers(headers);
-                    self.declare_retry_queue(channel, tier).await?;
-                    let queue = self.retry_queue_of(tier);
-                    // A quorum queue that consumers declared at the same instant refuses
-                    // copies until it is up; a refused copy was not stored, so sending
-                    // it again cannot make two.
-                    let mut refusals = 0;
-                    loop {
-                        match self
-                            .publish_confirmed(channel, &queue, delivery, properties.clone())
-                            .await
-                        {
-                            Err(SettleError::NotConfirmed { why: REFUSED, .. })
-                                if refusals < RETRY_QUEUE_REFUSALS =>
-                            {
-                                refusals += 1;
-                                tokio::time::sleep(Duration::from_millis(50) * refusals).await;
-                            }
-                            published => break published?,
-                        }
-                    }
-                    Settled::Retried { retry, after: tier }
-                }
-            }
+            Disposition::Retry { after } => self.send_to_retry(channel, delivery, *after).await?,
             Disposition::DeadLetter { reason } => {
                 self.send_to_dead_letter(channel, delivery, reason).await?;
                 Settled::DeadLettered {
                     reason: reason.clone(),
                 }
             }
+            // A disposition newer than this crate: sent back, never acked unhandled.
+            _ => self.send_to_retry(channel, delivery, None).await?,
         })
+    }
+
+    /// A copy in the retry queue of `after` (the default delay when `None`), or in the
+    /// dead-letter queue past the retry limit.
+    async fn send_to_retry(
+        &self,
+        channel: &Channel,
+        delivery: &Delivery,
+        after: Option<Duration>,
+    ) -> Result<Settled, SettleError> {
+        let retry = retries(delivery) + 1;
+        if retry > self.max_retries {
+            let reason = format!(
+                "still failing with a retryable error after {} retries",
+                self.max_retries
+            );
+            self.send_to_dead_letter(channel, delivery, &reason).await?;
+            return Ok(Settled::DeadLettered { reason });
+        }
+        let tier = retry_tier(after.unwrap_or(self.retry_delay));
+        let mut headers = headers_of(delivery);
+        headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retry.into()));
+        // The queue's TTL alone decides: a producer's shorter `expiration` would return
+        // the copy early.
+        let properties = without_expiration(&delivery.properties).with_headers(headers);
+        self.declare_retry_queue(channel, tier).await?;
+        let queue = self.retry_queue_of(tier);
+        // A quorum queue that consumers declared at the same instant refuses copies until
+        // it is up; a refused copy was not stored, so sending it again cannot make two.
+        let mut refusals = 0;
+        loop {
+            match self
+                .publish_confirmed(channel, &queue, delivery, properties.clone())
+                .await
+            {
+                Err(SettleError::NotConfirmed { why: REFUSED, .. })
+                    if refusals < RETRY_QUEUE_REFUSALS =>
+                {
+                    refusals += 1;
+                    tokio::time::sleep(Duration::from_millis(50) * refusals).await;
+                }
+                published => break published?,
+            }
+        }
+        Ok(Settled::Retried { retry, after: tier })
     }
 
     async fn send_to_dead_letter(
@@ -459,36 +398,6 @@ impl Queues {
             why,
         })
     }
-}
-
-/// The delays retry queues hold messages for, in milliseconds: 100 ms, 250 ms, 500 ms,
-/// 1 s, then each a tenth and a second longer than the last, to just past a day. A
-/// delay *d* between two of them waits the upper one, at most `d + d/10 + 1 s`.
-fn retry_tiers() -> impl Iterator<Item = Duration> {
-    const DAY_MS: u64 = 24 * 3600 * 1000;
-    let mut next = Some(1_000_u64);
-    let from_a_second = std::iter::from_fn(move || {
-        let tier = next?;
-        next = (tier < DAY_MS).then(|| tier + tier / 10 + 1_000);
-        Some(tier)
-    });
-    [100, 250, 500]
-        .into_iter()
-        .chain(from_a_second)
-        .map(Duration::from_millis)
-}
-
-/// The retry queue delay that a retry after `after` waits: the first on the ladder that
-/// is at least as long, or the longest.
-fn retry_tier(after: Duration) -> Duration {
-    let mut longest = Duration::ZERO;
-    for tier in retry_tiers() {
-        if tier >= after {
-            return tier;
-        }
-        longest = tier;
-    }
-    longest
 }
 
 fn quorum() -> FieldTable {
@@ -564,25 +473,5 @@ mod tests {
             retention.window(),
             9 * 30 * minute + 2 * Duration::from_secs(1)
         );
-    }
-
-    #[test]
-    fn a_retry_waits_at_most_a_tenth_and_a_second_longer() {
-        let tiers: Vec<Duration> = retry_tiers().collect();
-        assert!(tiers.windows(2).all(|pair| pair[0] < pair[1]));
-        assert!(tiers.len() < 100, "{} retry queues", tiers.len());
-        for millis in (0..30_000)
-            .step_by(7)
-            .chain((30_000..90_000_000).step_by(99_991))
-        {
-            let after = Duration::from_millis(millis);
-            let waited = retry_tier(after);
-            assert!(waited >= after, "{after:?} waits {waited:?}");
-            assert!(
-                waited <= after + after / 10 + Duration::from_secs(1),
-                "{after:?} waits {waited:?}"
-            );
-        }
-        assert_eq!(retry_tier(Duration::MAX), *tiers.last().unwrap());
     }
 }

@@ -3,7 +3,7 @@
 //! not run. With a broker:
 //!
 //! ```text
-//! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run --example kafka --features kafka,postgres
+//! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run -p diesel-inbox-kafka --example kafka
 //! ```
 //!
 //! It reads partition 0 of the topic `credits`, records with a JSON body
@@ -23,8 +23,8 @@ use diesel::upsert::excluded;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::kafka::{RecordKey, message_key};
 use diesel_inbox::{Disposition, idempotent};
+use diesel_inbox_kafka::{RecordKey, message_key};
 use rskafka::client::ClientBuilder;
 use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::record::{Record, RecordAndOffset};

@@ -1,39 +1,117 @@
-//! NATS JetStream through [async-nats](https://docs.rs/async-nats): the key of a message,
-//! and a [`Disposition`] carried out on it.
+//! NATS JetStream glue for [diesel-inbox](https://docs.rs/diesel-inbox), through
+//! [async-nats](https://docs.rs/async-nats): the key of a message, and a
+//! [`Disposition`] carried out on it. What all the broker glue shares is in
+//! diesel-inbox's
+//! [brokers guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/brokers/index.html).
+//!
+//! ```toml
+//! [dependencies]
+//! diesel-inbox = { version = "0.1", features = ["postgres"] }
+//! diesel-inbox-nats = "0.1"
+//! ```
+//!
+//! ```rust,no_run
+//! # use std::time::Duration;
+//! # use async_nats::jetstream::Message;
+//! # use diesel_async::AsyncPgConnection;
+//! # use diesel_inbox::Disposition;
+//! # type BoxError = Box<dyn std::error::Error + Send + Sync>;
+//! # #[diesel_inbox::idempotent(consumer = "credit-nats", key = key)]
+//! # async fn credit(
+//! #     conn: &mut AsyncPgConnection,
+//! #     key: diesel_inbox_nats::MessageKey<'_>,
+//! #     payload: &[u8],
+//! # ) -> diesel::QueryResult<()> {
+//! #     let _ = payload;
+//! #     Ok(())
+//! # }
+//! # async fn consume(conn: &mut AsyncPgConnection, message: Message) -> Result<(), BoxError> {
+//! use diesel_inbox_nats::{Settlement, message_key};
+//!
+//! let settlement = Settlement::new("credits.dead")
+//!     .with_max_deliveries(5)
+//!     .with_ack_wait(Duration::from_secs(30)); // the consumer's
+//! let disposition = match message_key(&message) {
+//!     // `+WPI` every 10 s while the handler runs: never redelivered mid-run.
+//!     Ok(key) => Disposition::of(
+//!         &settlement
+//!             .in_progress(&message, credit(conn, key, &message.payload))
+//!             .await,
+//!     ),
+//!     Err(missing) => Disposition::DeadLetter { reason: missing.to_string() },
+//! };
+//! settlement.settle(&message, &disposition).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # The key
 //!
 //! The key is the `Nats-Msg-Id` header, which the producer sets (and JetStream also uses
 //! to drop a re-published copy within the stream's duplicate window), falling back to
 //! the stream and its sequence number, which stay the same across redeliveries of one
-//! stored message but differ for a message published twice. The consumer sequence, the
-//! delivery count and the reply subject change with every delivery: none of them is a key.
+//! stored message but differ for a message published twice: only a producer-set id makes
+//! a producer's retry after a lost acknowledgement the same key. The consumer sequence,
+//! the delivery count and the reply subject change with every delivery, and the publish
+//! timestamp can repeat: none of them is a key. A message with neither (not delivered by
+//! a JetStream consumer) is [`MissingKey`]: dead-letter it.
+//!
+//! # Settling
+//!
+//! [`Settlement::settle`] carries out a disposition:
 //!
 //! | disposition | what happens |
 //! |---|---|
 //! | `Ack` | `+ACK` |
-//! | `Retry { after }` | `-NAK` with that delay (JetStream redelivers it then) |
+//! | `Retry { after }` | `-NAK` with that delay (default 1 s; JetStream redelivers it then). From the [`with_max_deliveries`](Settlement::with_max_deliveries)-th delivery, a dead letter |
 //! | `DeadLetter { reason }` | a copy is published to the dead-letter subject with the reason in the `Inbox-Dead-Letter-Reason` header and acknowledged by the stream that holds it, then `+TERM` |
 //!
 //! The dead-letter copy is confirmed before the message is terminated: a crash in between
 //! publishes it twice (with the same `Nats-Msg-Id`, which a dead-letter stream with a
-//! duplicate window drops) and never loses it. The copy's `Nats-Msg-Id` names the stored
-//! message and the consumer that gave up on it (`<stream>#<sequence>#<consumer>`), never
-//! the producer's id, which is unique only within its own stream: two streams, or two
-//! consumers of one, dead-lettering messages with the same producer id into one
-//! dead-letter stream would otherwise see the second copy dropped as a duplicate, after
-//! terminating its original. The producer's id stays on the copy, in
-//! [`ORIGINAL_ID_HEADER`].
+//! duplicate window drops) and never loses it. A copy no stream stores fails the settle
+//! and leaves the message unsettled, for JetStream to redeliver. The copy's `Nats-Msg-Id`
+//! names the stored message and the consumer that gave up on it
+//! (`<stream>#<sequence>#<consumer>`), never the producer's id, which is unique only
+//! within its own stream: two streams, or two consumers of one, dead-lettering messages
+//! with the same producer id into one dead-letter stream would otherwise see the second
+//! copy dropped as a duplicate, after terminating its original. The producer's id stays
+//! on the copy, in [`ORIGINAL_ID_HEADER`], and [`message_key`] gives the copy its
+//! original's key.
+//!
+//! # The wait for an ack
+//!
+//! JetStream hands a message to another consumer once the consumer's `ack_wait` has
+//! passed without an ack, while the first may still be running its handler. Wrap each
+//! handler call in [`Settlement::in_progress`], which tells JetStream every third of
+//! `ack_wait` that the message is still being worked on. [`Settlement::retention`] turns
+//! the consumer's config into the window to keep markers for.
+//!
+//! # A complete consumer
+//!
+//! The repository's `brokers/nats/examples/nats.rs` is a consumer service to copy: a
+//! JetStream pull consumer running 8 handlers at once on a deadpool pool with
+//! `max_ack_pending` at the same number, settled through [`Settlement`], key-less and
+//! unreadable messages dead-lettered, shutdown on SIGTERM or Ctrl-C (stop pulling, let
+//! the running handlers finish and settle, drain the connection), and reconnection with
+//! exponential backoff. `PUBLISH=200` first publishes 200 credits, each twice:
+//!
+//! ```sh
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=127.0.0.1:4222 \
+//! PUBLISH=200 cargo run -p diesel-inbox-nats --example nats
+//! ```
+//!
+//! It creates the `inbox` and `accounts` tables in the database it is given, and the
+//! streams `CREDITS` and `CREDITS_DEAD`; `STREAM` renames them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 use std::fmt;
 use std::time::Duration;
 
-use ::async_nats::HeaderMap;
-use ::async_nats::header::{IntoHeaderName, NATS_MESSAGE_ID};
-use ::async_nats::jetstream::{AckKind, Message};
-
-use super::MissingKey;
-use crate::disposition::Disposition;
-use crate::key::{InboxKey, InvalidKey};
-use crate::retention::Retention;
+use async_nats::HeaderMap;
+use async_nats::header::{IntoHeaderName, NATS_MESSAGE_ID};
+use async_nats::jetstream::{AckKind, Message};
+use diesel_inbox::{Disposition, InboxKey, InvalidKey, MissingKey, Retention};
 
 /// The header that carries a dead-lettered message's reason.
 pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";
@@ -224,7 +302,7 @@ impl Settlement {
     /// [`Retention::with_resubmit_margin`].
     pub fn retention(
         &self,
-        config: &::async_nats::jetstream::consumer::pull::Config,
+        config: &async_nats::jetstream::consumer::pull::Config,
         longest_retry: Duration,
     ) -> Option<Retention> {
         let limits = [Some(config.max_deliver), self.max_deliveries];
@@ -256,38 +334,43 @@ impl Settlement {
         &self,
         message: &Message,
         disposition: &Disposition,
-    ) -> Result<Settled, ::async_nats::Error> {
+    ) -> Result<Settled, async_nats::Error> {
         match disposition {
             Disposition::Ack => {
                 message.ack().await?;
                 Ok(Settled::Acked)
             }
-            Disposition::Retry { after } => {
-                let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
-                if let Some(max) = self.max_deliveries.filter(|max| delivered >= *max) {
-                    let reason =
-                        format!("still failing with a retryable error after {max} deliveries");
-                    self.dead_letter(message, &reason).await?;
-                    return Ok(Settled::DeadLettered { reason });
-                }
-                let after = after.unwrap_or(self.retry_delay);
-                message.ack_with(AckKind::Nak(Some(after))).await?;
-                Ok(Settled::Retried { after })
-            }
+            Disposition::Retry { after } => self.retry(message, *after).await,
             Disposition::DeadLetter { reason } => {
                 self.dead_letter(message, reason).await?;
                 Ok(Settled::DeadLettered {
                     reason: reason.clone(),
                 })
             }
+            // A disposition newer than this crate: sent back, never acked unhandled.
+            _ => self.retry(message, None).await,
         }
     }
 
-    async fn dead_letter(
+    /// A nak with `after` (the default delay when `None`), or a dead letter from the
+    /// `max_deliveries`-th delivery.
+    async fn retry(
         &self,
         message: &Message,
-        reason: &str,
-    ) -> Result<(), ::async_nats::Error> {
+        after: Option<Duration>,
+    ) -> Result<Settled, async_nats::Error> {
+        let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
+        if let Some(max) = self.max_deliveries.filter(|max| delivered >= *max) {
+            let reason = format!("still failing with a retryable error after {max} deliveries");
+            self.dead_letter(message, &reason).await?;
+            return Ok(Settled::DeadLettered { reason });
+        }
+        let after = after.unwrap_or(self.retry_delay);
+        message.ack_with(AckKind::Nak(Some(after))).await?;
+        Ok(Settled::Retried { after })
+    }
+
+    async fn dead_letter(&self, message: &Message, reason: &str) -> Result<(), async_nats::Error> {
         let mut headers = message.headers.clone().unwrap_or_default();
         // Header values cannot hold line breaks.
         let reason: String = reason
@@ -317,7 +400,7 @@ async fn publish_confirmed(
     message: &Message,
     subject: &str,
     headers: HeaderMap,
-) -> Result<(), ::async_nats::Error> {
+) -> Result<(), async_nats::Error> {
     message
         .context
         .publish_with_headers(subject.to_owned(), headers, message.payload.clone())
@@ -328,7 +411,7 @@ async fn publish_confirmed(
 
 #[cfg(test)]
 mod tests {
-    use ::async_nats::jetstream::consumer::pull;
+    use async_nats::jetstream::consumer::pull;
 
     use super::*;
 

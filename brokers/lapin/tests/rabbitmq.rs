@@ -1,13 +1,13 @@
-//! `diesel_inbox::lapin` against the local RabbitMQ: the key of a delivery, and each
+//! `diesel_inbox_lapin` against the local RabbitMQ: the key of a delivery, and each
 //! disposition carried out on real queues. Each test declares queues of its own and
 //! deletes them at the end.
 
 use std::time::{Duration, Instant};
 
 use diesel_async::RunQueryDsl;
-use diesel_inbox::lapin::{Queues, REASON_HEADER, SettleError, Settled, message_key, retries};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Disposition, idempotent};
+use diesel_inbox_lapin::{Queues, REASON_HEADER, SettleError, Settled, message_key, retries};
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
@@ -16,7 +16,6 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 
-#[cfg(all(feature = "mysql", feature = "retry", feature = "deadpool"))]
 #[path = "rabbitmq/outage.rs"]
 mod outage;
 
@@ -54,7 +53,7 @@ struct Broker {
 /// A confirm-mode channel and queues named after the test, or `None` without `AMQP_URL`.
 async fn broker(test: &str) -> Option<Broker> {
     let url = server_url("AMQP_URL")?;
-    let connection = diesel_inbox::lapin::connect(&url)
+    let connection = diesel_inbox_lapin::connect(&url)
         .await
         .expect("connect to RabbitMQ");
     let channel = confirming_channel(&connection).await;
@@ -445,7 +444,7 @@ async fn a_full_dead_letter_queue_loses_nothing() {
     let Some(url) = server_url("AMQP_URL") else {
         return;
     };
-    let connection = diesel_inbox::lapin::connect(&url).await.expect("connect");
+    let connection = diesel_inbox_lapin::connect(&url).await.expect("connect");
     let channel = confirming_channel(&connection).await;
     let queues = Queues::new(format!(
         "inbox-test.dead-letter-full.{}",

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=127.0.0.1:4222 \
-//!     cargo run --example nats --features nats,postgres
+//!     cargo run -p diesel-inbox-nats --example nats
 //! ```
 //!
 //! It consumes the stream `CREDITS` (subject `credits.requested`; `STREAM` to change the
@@ -12,9 +12,8 @@
 //!
 //! - `CONCURRENCY` handlers (8) run at once, each on a pooled connection; the consumer's
 //!   `max_ack_pending` is the same number, so JetStream never hands out more.
-//! - The outcome is carried out by `diesel_inbox::nats::Settlement::settle`: ack, nak
-//!   with a delay, or publish to the stream `CREDITS_DEAD` with the reason and
-//!   terminate. A retry on the 9th delivery is dead-lettered; `max_deliver` is 10.
+//! - The outcome is carried out by `Settlement::settle`: ack, nak with a delay, or
+//!   publish to the stream `CREDITS_DEAD` with the reason and terminate. A retry on the 9th delivery is dead-lettered; `max_deliver` is 10.
 //! - SIGTERM or Ctrl-C: stop pulling, let the running handlers finish and settle, drain
 //!   the connection.
 //! - The client reconnects by itself (`retry_on_initial_connect`, exponential backoff up
@@ -30,8 +29,8 @@ use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use diesel_inbox::nats::{Settled, Settlement, message_key};
 use diesel_inbox::{Classify, Disposition, ErrorClass, idempotent};
+use diesel_inbox_nats::{Settled, Settlement, message_key};
 use futures_util::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -71,7 +70,7 @@ impl Classify for CreditError {
 #[idempotent(consumer = "credit", key = key)]
 async fn credit(
     conn: &mut AsyncPgConnection,
-    key: diesel_inbox::nats::MessageKey<'_>,
+    key: diesel_inbox_nats::MessageKey<'_>,
     msg: &CreditRequested,
 ) -> Result<(), CreditError> {
     let updated = diesel::update(accounts::table.find(msg.account))
