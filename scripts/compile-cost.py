@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""What `#[idempotent]` handlers cost to compile, against plain `async fn`s.
+
+Generates two library crates with the same N handler bodies on SQLite, one plain and
+one under the attribute, builds each against warm dependencies, and prints the median
+of a few rounds for `cargo check` and a debug build, the rlib's size and each
+handler's future size. Run from anywhere in the workspace:
+
+    python3 scripts/compile-cost.py            # 50 handlers, 3 rounds
+    python3 scripts/compile-cost.py --handlers 200 --rounds 5
+
+The crates live in a temporary directory (kept with --keep), with a target directory
+of their own so that nothing of the workspace's builds is touched.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+WORKSPACE = pathlib.Path(__file__).resolve().parent.parent
+
+MANIFEST = """\
+[package]
+name = "{name}"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+diesel = {{ version = "~2.3.9", default-features = false, features = ["sqlite"] }}
+diesel-async = {{ version = "0.9", features = ["sqlite"] }}
+diesel-inbox = {{ path = "{workspace}", features = ["sqlite"] }}
+"""
+
+PRELUDE = """\
+use diesel::result::Error;
+use diesel::sql_types::BigInt;
+use diesel::sqlite::SqliteConnection;
+use diesel_async::RunQueryDsl;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+pub type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+pub struct Msg {
+    pub id: i64,
+}
+
+"""
+
+BODY = """\
+    diesel::sql_query("UPDATE counters SET n = n + 1 WHERE id = ?")
+        .bind::<BigInt, _>(msg.id)
+        .execute(conn)
+        .await?;
+    Ok(())
+"""
+
+SIZES = """\
+fn future_size<F: std::future::Future>(_: impl FnOnce(&'static mut Conn, &'static Msg) -> F) -> usize {{
+    std::mem::size_of::<F>()
+}}
+
+#[test]
+fn future_sizes() {{
+    let sizes = [{calls}];
+    println!("FUTURE_SIZES {{sizes:?}}");
+}}
+"""
+
+
+def handlers(count, attribute):
+    code = [PRELUDE]
+    for index in range(count):
+        if attribute:
+            code.append(f'#[diesel_inbox::idempotent(consumer = "h{index}", key = msg.id)]\n')
+        code.append(f"pub async fn h{index}(conn: &mut Conn, msg: &Msg) -> Result<(), Error> {{\n")
+        code.append(BODY)
+        code.append("}\n\n")
+    return "".join(code)
+
+
+def future_size_test(count):
+    calls = ", ".join(f"future_size(h{index})" for index in range(count))
+    return "#[cfg(test)]\nmod sizes {\n    use super::*;\n\n" + SIZES.format(calls=calls) + "}\n"
+
+
+def cargo(args, root, target):
+    # Without incremental compilation, which would reuse a touched crate's previous
+    # build and measure next to nothing.
+    environment = dict(os.environ, CARGO_TARGET_DIR=str(target), CARGO_INCREMENTAL="0")
+    started = time.monotonic()
+    result = subprocess.run(
+        ["cargo", *args], cwd=root, env=environment, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"cargo {' '.join(args)} failed in {root}:\n{result.stderr}")
+    return time.monotonic() - started, result.stdout
+
+
+def median_seconds(args, crate, target, rounds):
+    lib = crate / "src" / "lib.rs"
+    times = []
+    for _ in range(rounds):
+        lib.touch()
+        seconds, _ = cargo(args, crate, target)
+        times.append(seconds)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--handlers", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the generated crates")
+    options = parser.parse_args()
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="inbox-compile-cost-"))
+    target = root / "target"
+    (root / "Cargo.toml").write_text('[workspace]\nmembers = ["plain", "inbox"]\nresolver = "3"\n')
+    lockfile = WORKSPACE / "Cargo.lock"
+    if lockfile.exists():
+        # The workspace's versions, so that the figures are of the code under test.
+        shutil.copy(lockfile, root / "Cargo.lock")
+    for name, attribute in (("plain", False), ("inbox", True)):
+        crate = root / name
+        (crate / "src").mkdir(parents=True)
+        (crate / "Cargo.toml").write_text(MANIFEST.format(name=name, workspace=WORKSPACE))
+        (crate / "src" / "lib.rs").write_text(
+            handlers(options.handlers, attribute) + future_size_test(options.handlers)
+        )
+
+    # Dependencies once, outside the measurement.
+    cargo(["build", "--workspace", "--tests"], root, target)
+    cargo(["check", "--workspace"], root, target)
+
+    rows = {}
+    for name in ("plain", "inbox"):
+        crate = root / name
+        check = median_seconds(["check", "-p", name], crate, target, options.rounds)
+        build = median_seconds(["build", "-p", name], crate, target, options.rounds)
+        rlib = target / "debug" / f"lib{name}.rlib"
+        _, output = cargo(["test", "-p", name, "--lib", "--", "--nocapture"], crate, target)
+        sizes = next(
+            json.loads(line.split(" ", 1)[1])
+            for line in output.splitlines()
+            if line.startswith("FUTURE_SIZES ")
+        )
+        rows[name] = (check, build, rlib.stat().st_size, min(sizes), max(sizes))
+
+    print(f"{options.handlers} handlers, median of {options.rounds} rounds")
+    print(f"{'':8}{'check s':>9}{'build s':>9}{'rlib MB':>9}{'future B':>13}")
+    for name, (check, build, rlib, smallest, largest) in rows.items():
+        future = f"{smallest}" if smallest == largest else f"{smallest}-{largest}"
+        print(f"{name:8}{check:9.2f}{build:9.2f}{rlib / 1e6:9.1f}{future:>13}")
+    plain, inbox = rows["plain"], rows["inbox"]
+    print(
+        f"{'ratio':8}{inbox[0] / plain[0]:9.2f}{inbox[1] / plain[1]:9.2f}"
+        f"{inbox[2] / plain[2]:9.2f}"
+    )
+    if options.keep:
+        print(f"crates kept in {root}")
+    else:
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    main()
