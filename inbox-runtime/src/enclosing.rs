@@ -6,6 +6,7 @@ use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
 /// The transaction a call finds its connection in, where it can run.
+#[derive(Clone, Copy)]
 pub(crate) enum Enclosing {
     Nothing,
     /// Opened by `begin_test_transaction`, and nothing open inside it.

@@ -1,5 +1,6 @@
 //! How a call ends: the [`Outcome`] it returns, and why it stopped short of a commit.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use diesel::result::Error;
@@ -77,6 +78,16 @@ pub(crate) enum Stop<E> {
     Duplicate,
     Database(Error),
     Handler(E),
+}
+
+impl Stop<Infallible> {
+    /// A stop before the body ran, which holds no error of the body's type.
+    pub(crate) fn widen<E>(self) -> Stop<E> {
+        match self {
+            Self::Duplicate => Stop::Duplicate,
+            Self::Database(error) => Stop::Database(error),
+        }
+    }
 }
 
 impl<E> From<Error> for Stop<E> {

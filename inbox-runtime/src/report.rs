@@ -50,6 +50,15 @@ pub(crate) fn batch_span(handler: RegisteredHandler, message_count: usize) -> tr
     )
 }
 
+/// Says that the delivery was found already processed, so its body did not run.
+pub(crate) fn duplicate(span: &tracing::Span) {
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        "already processed: the body did not run"
+    );
+}
+
 /// Records, for an error the handler returned, the class of the database error it holds
 /// as the span's `error.type`: a constraint of the body's own writes shows as
 /// `Permanent`, a deadlock as `Transient`. An error of the handler's own has none.

@@ -9,6 +9,8 @@
 //! inside a handler's body or a `conn.transaction` in the test included: committing
 //! there would not be a real commit.
 
+use std::convert::Infallible;
+
 use diesel::QueryResult;
 use diesel::connection::{TransactionDepthChange, TransactionManagerStatus};
 use diesel::result::{DatabaseErrorKind, Error};
@@ -34,37 +36,23 @@ const ROLL_BACK_TO_SAVEPOINT: &str = concat!(
     savepoint!()
 );
 
-/// Runs the call as [`crate::run`] does, on a savepoint of the test transaction.
-pub(crate) async fn process<C, T, E, F>(
-    conn: &mut C,
-    marker: &Marker,
-    body: F,
-) -> Result<T, Stop<E>>
+/// Begins the call as [`crate::run`] does, on a savepoint of the test transaction with
+/// the marker in it; [`release`] or [`roll_back`] ends it.
+pub(crate) async fn open<C>(conn: &mut C, marker: &Marker) -> Result<(), Stop<Infallible>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
     begin(conn).await?;
     match C::Backend::insert_marker(conn, marker).await {
-        Ok(true) => {}
+        Ok(true) => Ok(()),
         Ok(false) => {
             roll_back(conn).await?;
-            return Err(Stop::Duplicate);
+            Err(Stop::Duplicate)
         }
         Err(error) => {
             let _explained_by_error = roll_back(conn).await;
-            return Err(Stop::Database(error));
-        }
-    }
-    match body(&mut *conn).await {
-        Ok(value) => {
-            release(conn).await?;
-            Ok(value)
-        }
-        Err(error) => {
-            let _explained_by_error = roll_back(conn).await;
-            Err(Stop::Handler(error))
+            Err(Stop::Database(error))
         }
     }
 }

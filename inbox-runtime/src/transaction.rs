@@ -1,5 +1,6 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
+use std::convert::Infallible;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -61,6 +62,9 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
+    // Only what depends on the body's types is written here, compiled once per handler;
+    // the rest is generic over the connection alone, compiled once per connection type,
+    // and boxed so that the handler's future holds a pointer to it, not its states.
     let read_first = fast_path.reads_first(&handler.recent_duplicates);
     let span = report::delivery_span(
         handler.registration,
@@ -69,16 +73,21 @@ where
         read_first,
     );
     let started = Instant::now();
-    let stopped = process(
-        conn,
-        handler.registration.consumer,
-        message_id,
-        read_first,
-        fingerprint,
-        body,
-    )
-    .instrument(span.clone())
-    .await;
+    let opened =
+        Box::pin(open(conn, handler, message_id, read_first, fingerprint).instrument(span.clone()))
+            .await;
+    let stopped = match opened {
+        Ok(enclosing) => {
+            let result = body(&mut *conn).instrument(span.clone()).await;
+            let closed = Box::pin(close(conn, enclosing, result.is_ok()).instrument(span.clone()));
+            match (result, closed.await) {
+                (Ok(value), Ok(())) => Ok(value),
+                (Err(error), Ok(())) => Err(Stop::Handler(error)),
+                (_, Err(error)) => Err(Stop::Database(error)),
+            }
+        }
+        Err(stop) => Err(stop.widen()),
+    };
     let (result, outcome) = match stopped {
         Ok(value) => {
             handler.recent_duplicates.record(false);
@@ -86,11 +95,7 @@ where
         }
         Err(Stop::Duplicate) => {
             handler.recent_duplicates.record(true);
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                "already processed: the body did not run"
-            );
+            report::duplicate(&span);
             (Ok(Outcome::Duplicate), "duplicate")
         }
         Err(Stop::Handler(error)) => {
@@ -98,14 +103,7 @@ where
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => {
-            let error = session_check::explain(conn, error).await;
-            span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                error = %error,
-                "nothing was committed"
-            );
+            let error = Box::pin(explain(conn, error, &span)).await;
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -113,19 +111,21 @@ where
     result
 }
 
-async fn process<C, T, E, F>(
+/// Everything before the body: the key checked, the fast path's read, then the call's
+/// transaction begun with the marker in it (or a test transaction's savepoint). `Ok`
+/// says what the call runs in; a duplicate whose fingerprint differs is an error.
+async fn open<C>(
     conn: &mut C,
-    consumer: &'static str,
+    handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     read_first: bool,
     fingerprint: Option<Fingerprint>,
-    body: F,
-) -> Result<T, Stop<E>>
+) -> Result<Enclosing, Stop<Infallible>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
+    let consumer = handler.registration.consumer;
     let message_id = message_id?;
     C::Backend::check_storable(&message_id)?;
     let marker = Marker {
@@ -134,48 +134,68 @@ where
         fingerprint: fingerprint.clone().map(Fingerprint::into_string),
     };
     let enclosing = enclosing_transaction(conn)?;
-    let processed = if read_first && C::Backend::already_processed(conn, &marker).await? {
+    let opened = if read_first && C::Backend::already_processed(conn, &marker).await? {
         Err(Stop::Duplicate)
     } else {
         match enclosing {
-            Enclosing::Nothing => process_in_own_transaction(conn, &marker, body).await,
-            Enclosing::TestTransaction => test_transaction::process(conn, &marker, body).await,
+            // Driven through the transaction manager rather than
+            // `AsyncConnection::transaction`, which requires the closure's future to be
+            // `Send` for every lifetime: rustc cannot prove that for concrete connection
+            // types (rust-lang/rust#100013), and a handler must be spawnable whenever its
+            // body is.
+            Enclosing::Nothing => match C::Backend::begin_with_marker(conn, &marker).await? {
+                true => Ok(enclosing),
+                false => Err(Stop::Duplicate),
+            },
+            Enclosing::TestTransaction => test_transaction::open(conn, &marker)
+                .await
+                .map(|()| enclosing),
         }
     };
     // A duplicate with another payload is the producer's bug, not a duplicate.
-    if let (Err(Stop::Duplicate), Some(delivered)) = (&processed, &fingerprint) {
+    if let (Err(Stop::Duplicate), Some(delivered)) = (&opened, &fingerprint) {
         crate::fingerprint::check_stored(conn, marker.message_id, consumer, delivered).await?;
     }
-    processed
+    opened
 }
 
-async fn process_in_own_transaction<C, T, E, F>(
-    conn: &mut C,
-    marker: &Marker,
-    body: F,
-) -> Result<T, Stop<E>>
+/// Everything after the body: commits what `open` began when the body `succeeded`,
+/// rolls it back otherwise. `Err` is a database error that replaces the body's result:
+/// a failed commit, or a rollback that failed in a way that explains more than the
+/// body's own error.
+async fn close<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    // Driven through the transaction manager rather than `AsyncConnection::transaction`,
-    // which requires the closure's future to be `Send` for every lifetime: rustc cannot
-    // prove that for concrete connection types (rust-lang/rust#100013), and a handler
-    // must be spawnable whenever its body is.
-    if !C::Backend::begin_with_marker(conn, marker).await? {
-        return Err(Stop::Duplicate);
-    }
-    match body(&mut *conn).await {
-        Ok(value) => {
-            C::Backend::commit(conn).await?;
-            Ok(value)
-        }
-        Err(error) => match C::Backend::abandon(conn).await {
-            Ok(()) => Err(Stop::Handler(error)),
-            // A failure explains more than the broken rollback after it.
-            Err(Error::BrokenTransactionManager) => Err(Stop::Handler(error)),
-            Err(better) => Err(Stop::Database(better)),
+    match (enclosing, succeeded) {
+        (Enclosing::Nothing, true) => C::Backend::commit(conn).await,
+        (Enclosing::Nothing, false) => match C::Backend::abandon(conn).await {
+            Ok(()) | Err(Error::BrokenTransactionManager) => Ok(()),
+            Err(better) => Err(better),
         },
+        (Enclosing::TestTransaction, true) => test_transaction::release(conn).await,
+        (Enclosing::TestTransaction, false) => {
+            let _explained_by_error = test_transaction::roll_back(conn).await;
+            Ok(())
+        }
     }
+}
+
+/// A database error that ends the call, explained where the session's settings are
+/// the cause, and recorded on the delivery's span.
+async fn explain<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let error = session_check::explain(conn, error).await;
+    span.record("error.type", tracing::field::debug(classify(&error)));
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        error = %error,
+        "nothing was committed"
+    );
+    error
 }
