@@ -8,6 +8,7 @@ handler's future size. Run from anywhere in the workspace:
 
     python3 scripts/compile-cost.py            # 50 handlers, 3 rounds
     python3 scripts/compile-cost.py --handlers 200 --rounds 5
+    python3 scripts/compile-cost.py --form batch
 
 The crates live in a temporary directory (kept with --keep), with a target directory
 of their own so that nothing of the workspace's builds is touched.
@@ -53,16 +54,36 @@ pub struct Msg {
 
 """
 
-BODY = """\
+# Per form: the attribute's arguments, the message parameter's type, and the body.
+FORMS = {
+    "transaction": (
+        "key = msg.id",
+        "msg: &Msg",
+        """\
     diesel::sql_query("UPDATE counters SET n = n + 1 WHERE id = ?")
         .bind::<BigInt, _>(msg.id)
         .execute(conn)
         .await?;
     Ok(())
-"""
+""",
+    ),
+    "batch": (
+        "batch = msgs, key = |msg| msg.id",
+        "msgs: &[Msg]",
+        """\
+    for msg in msgs {
+        diesel::sql_query("UPDATE counters SET n = n + 1 WHERE id = ?")
+            .bind::<BigInt, _>(msg.id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+""",
+    ),
+}
 
 SIZES = """\
-fn future_size<F: std::future::Future>(_: impl FnOnce(&'static mut Conn, &'static Msg) -> F) -> usize {{
+fn future_size<F: std::future::Future>(_: impl FnOnce(&'static mut Conn, &'static {message}) -> F) -> usize {{
     std::mem::size_of::<F>()
 }}
 
@@ -74,20 +95,23 @@ fn future_sizes() {{
 """
 
 
-def handlers(count, attribute):
+def handlers(count, attribute, form):
+    arguments, parameter, body = FORMS[form]
     code = [PRELUDE]
     for index in range(count):
         if attribute:
-            code.append(f'#[diesel_inbox::idempotent(consumer = "h{index}", key = msg.id)]\n')
-        code.append(f"pub async fn h{index}(conn: &mut Conn, msg: &Msg) -> Result<(), Error> {{\n")
-        code.append(BODY)
+            code.append(f'#[diesel_inbox::idempotent(consumer = "h{index}", {arguments})]\n')
+        code.append(f"pub async fn h{index}(conn: &mut Conn, {parameter}) -> Result<(), Error> {{\n")
+        code.append(body)
         code.append("}\n\n")
     return "".join(code)
 
 
-def future_size_test(count):
+def future_size_test(count, form):
+    message = FORMS[form][1].split(": &", 1)[1]
     calls = ", ".join(f"future_size(h{index})" for index in range(count))
-    return "#[cfg(test)]\nmod sizes {\n    use super::*;\n\n" + SIZES.format(calls=calls) + "}\n"
+    sizes = SIZES.format(calls=calls, message=message)
+    return "#[cfg(test)]\nmod sizes {\n    use super::*;\n\n" + sizes + "}\n"
 
 
 def cargo(args, root, target):
@@ -117,6 +141,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handlers", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--form", choices=sorted(FORMS), default="transaction")
     parser.add_argument("--keep", action="store_true", help="keep the generated crates")
     options = parser.parse_args()
 
@@ -132,7 +157,8 @@ def main():
         (crate / "src").mkdir(parents=True)
         (crate / "Cargo.toml").write_text(MANIFEST.format(name=name, workspace=WORKSPACE))
         (crate / "src" / "lib.rs").write_text(
-            handlers(options.handlers, attribute) + future_size_test(options.handlers)
+            handlers(options.handlers, attribute, options.form)
+            + future_size_test(options.handlers, options.form)
         )
 
     # Dependencies once, outside the measurement.
@@ -153,7 +179,7 @@ def main():
         )
         rows[name] = (check, build, rlib.stat().st_size, min(sizes), max(sizes))
 
-    print(f"{options.handlers} handlers, median of {options.rounds} rounds")
+    print(f"{options.handlers} {options.form} handlers, median of {options.rounds} rounds")
     print(f"{'':8}{'check s':>9}{'build s':>9}{'rlib MB':>9}{'future B':>13}")
     for name, (check, build, rlib, smallest, largest) in rows.items():
         future = f"{smallest}" if smallest == largest else f"{smallest}-{largest}"

@@ -7,6 +7,7 @@
 //! markers are new. Everything else is as for one message: the body's writes and every new
 //! marker commit together or not at all.
 
+use std::convert::Infallible;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -15,14 +16,13 @@ use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
-use crate::classify::classify;
+use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
 use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::session_check;
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -156,6 +156,19 @@ impl Markers {
         let key = self.key_of[index];
         new[key] && self.first[key] == index
     }
+
+    /// Each message's outcome, in the batch's order.
+    fn outcomes(&self, new: &[bool]) -> Vec<Outcome<()>> {
+        (0..self.key_of.len())
+            .map(|index| {
+                if self.processes(index, new) {
+                    Outcome::Processed(())
+                } else {
+                    Outcome::Duplicate
+                }
+            })
+            .collect()
+    }
 }
 
 /// Runs `body` once over the messages of `messages` that are new to this consumer, in
@@ -192,19 +205,38 @@ where
     if messages.is_empty() {
         return Ok(BatchOutcome::all_duplicates(0));
     }
-    let message_ids = message_ids.and_then(|ids| {
-        for (index, message_id) in ids.iter().enumerate() {
-            C::Backend::check_storable(message_id)
-                .map_err(|reason| InvalidBatchKey { index, reason })?;
-        }
-        Ok(ids)
-    });
+    // As in `run`: only what depends on the body's types is written here; the rest is
+    // generic over the connection alone, and boxed.
     let registration = handler.registration;
     let span = report::batch_span(registration, messages.len());
     let started = Instant::now();
-    let stopped = process(conn, registration.consumer, messages, message_ids, body)
-        .instrument(span.clone())
-        .await;
+    let opened = Box::pin(open(conn, registration.consumer, message_ids).instrument(span.clone()));
+    let stopped = match opened.await {
+        Ok(Opened {
+            enclosing,
+            markers,
+            new,
+        }) => {
+            let to_process = messages
+                .iter()
+                .enumerate()
+                .filter(|&(index, _)| markers.processes(index, &new))
+                .map(|(_, message)| message)
+                .collect();
+            let result = body(&mut *conn, to_process).instrument(span.clone()).await;
+            let closed =
+                Box::pin(call::close(conn, enclosing, result.is_ok()).instrument(span.clone()));
+            match (result, closed.await) {
+                (Ok(value), Ok(())) => Ok(BatchOutcome {
+                    value: Some(value),
+                    outcomes: markers.outcomes(&new),
+                }),
+                (Err(error), Ok(())) => Err(Stop::Handler(error)),
+                (_, Err(error)) => Err(Stop::Database(error)),
+            }
+        }
+        Err(stop) => Err(stop.widen()),
+    };
     let (result, outcome) = match stopped {
         Ok(batch) => {
             span.record("inbox.processed", batch.processed());
@@ -212,11 +244,7 @@ where
             (Ok(batch), "processed")
         }
         Err(Stop::Duplicate) => {
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                "every message already processed: the body did not run"
-            );
+            report::batch_duplicate(&span);
             (
                 Ok(BatchOutcome::all_duplicates(messages.len())),
                 "duplicate",
@@ -227,14 +255,7 @@ where
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => {
-            let error = session_check::explain(conn, error).await;
-            span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                error = %error,
-                "nothing was committed"
-            );
+            let error = Box::pin(call::explain(conn, error, &span)).await;
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -249,83 +270,57 @@ where
     result
 }
 
-async fn process<'m, C, M, T, E, F>(
+/// A batch whose transaction has begun with its markers: which of them are new.
+struct Opened {
+    enclosing: Enclosing,
+    markers: Markers,
+    new: Vec<bool>,
+}
+
+/// Everything before the body: the keys checked, then the batch's transaction begun
+/// with its markers (or a test transaction's savepoint). A batch with no new message
+/// ends there, as a duplicate.
+async fn open<C>(
     conn: &mut C,
     consumer: &'static str,
-    messages: &'m [M],
     message_ids: Result<Vec<String>, InvalidBatchKey>,
-    body: F,
-) -> Result<BatchOutcome<T>, Stop<E>>
+) -> Result<Opened, Stop<Infallible>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r, 'b> AsyncFnOnce(&'r mut C, Vec<&'b M>) -> Result<T, E>,
 {
+    let message_ids = message_ids.and_then(|ids| {
+        for (index, message_id) in ids.iter().enumerate() {
+            C::Backend::check_storable(message_id)
+                .map_err(|reason| InvalidBatchKey { index, reason })?;
+        }
+        Ok(ids)
+    });
     let markers = Markers::new(message_ids.map_err(Error::from)?);
-    let in_test_transaction = match enclosing_transaction(conn)? {
-        Enclosing::Nothing => false,
-        Enclosing::TestTransaction => true,
-    };
+    let enclosing = enclosing_transaction(conn)?;
     let message_ids = markers.message_ids.clone();
-    let new = if in_test_transaction {
-        test_transaction::begin(conn).await?;
-        match C::Backend::insert_markers(conn, consumer, message_ids).await {
-            Ok(new) if new.contains(&true) => new,
-            Ok(_) => return Err(end_in_test_transaction(conn, Stop::Duplicate).await),
-            Err(error) => {
-                return Err(end_in_test_transaction(conn, Stop::Database(error)).await);
+    let new = match enclosing {
+        Enclosing::Nothing => {
+            match C::Backend::begin_with_markers(conn, consumer, message_ids).await? {
+                new if new.contains(&true) => new,
+                _ => return Err(Stop::Duplicate),
             }
         }
-    } else {
-        match C::Backend::begin_with_markers(conn, consumer, message_ids).await? {
-            new if new.contains(&true) => new,
-            _ => return Err(Stop::Duplicate),
-        }
-    };
-    let to_process = messages
-        .iter()
-        .enumerate()
-        .filter(|&(index, _)| markers.processes(index, &new))
-        .map(|(_, message)| message)
-        .collect();
-    let result = body(&mut *conn, to_process).await;
-    let value = if in_test_transaction {
-        match result {
-            Ok(value) => {
-                test_transaction::release(conn).await?;
-                value
-            }
-            Err(error) => {
-                let _explained_by_error = test_transaction::roll_back(conn).await;
-                return Err(Stop::Handler(error));
-            }
-        }
-    } else {
-        match result {
-            Ok(value) => {
-                C::Backend::commit(conn).await?;
-                value
-            }
-            Err(error) => {
-                return Err(match C::Backend::abandon(conn).await {
-                    Ok(()) | Err(Error::BrokenTransactionManager) => Stop::Handler(error),
-                    Err(better) => Stop::Database(better),
-                });
+        Enclosing::TestTransaction => {
+            test_transaction::begin(conn).await?;
+            match C::Backend::insert_markers(conn, consumer, message_ids).await {
+                Ok(new) if new.contains(&true) => new,
+                Ok(_) => return Err(end_in_test_transaction(conn, Stop::Duplicate).await),
+                Err(error) => {
+                    return Err(end_in_test_transaction(conn, Stop::Database(error)).await);
+                }
             }
         }
     };
-    let outcomes = (0..messages.len())
-        .map(|index| {
-            if markers.processes(index, &new) {
-                Outcome::Processed(())
-            } else {
-                Outcome::Duplicate
-            }
-        })
-        .collect();
-    Ok(BatchOutcome {
-        value: Some(value),
-        outcomes,
+    Ok(Opened {
+        enclosing,
+        markers,
+        new,
     })
 }
 

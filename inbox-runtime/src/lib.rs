@@ -11,6 +11,7 @@
 
 mod backend;
 mod batch;
+mod call;
 pub mod claims;
 mod classify;
 mod disposition;

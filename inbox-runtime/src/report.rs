@@ -59,6 +59,16 @@ pub(crate) fn duplicate(span: &tracing::Span) {
     );
 }
 
+/// Says that every message of the batch was found already processed, so the body did
+/// not run.
+pub(crate) fn batch_duplicate(span: &tracing::Span) {
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        "every message already processed: the body did not run"
+    );
+}
+
 /// Records, for an error the handler returned, the class of the database error it holds
 /// as the span's `error.type`: a constraint of the body's own writes shows as
 /// `Permanent`, a deadlock as `Transient`. An error of the handler's own has none.

@@ -3,13 +3,12 @@
 use std::convert::Infallible;
 use std::time::Instant;
 
-use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
-use crate::classify::classify;
+use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
 use crate::fingerprint::Fingerprint;
@@ -17,7 +16,6 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::session_check;
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -79,7 +77,8 @@ where
     let stopped = match opened {
         Ok(enclosing) => {
             let result = body(&mut *conn).instrument(span.clone()).await;
-            let closed = Box::pin(close(conn, enclosing, result.is_ok()).instrument(span.clone()));
+            let closed =
+                Box::pin(call::close(conn, enclosing, result.is_ok()).instrument(span.clone()));
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(value),
                 (Err(error), Ok(())) => Err(Stop::Handler(error)),
@@ -103,7 +102,7 @@ where
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => {
-            let error = Box::pin(explain(conn, error, &span)).await;
+            let error = Box::pin(call::explain(conn, error, &span)).await;
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -157,45 +156,4 @@ where
         crate::fingerprint::check_stored(conn, marker.message_id, consumer, delivered).await?;
     }
     opened
-}
-
-/// Everything after the body: commits what `open` began when the body `succeeded`,
-/// rolls it back otherwise. `Err` is a database error that replaces the body's result:
-/// a failed commit, or a rollback that failed in a way that explains more than the
-/// body's own error.
-async fn close<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    match (enclosing, succeeded) {
-        (Enclosing::Nothing, true) => C::Backend::commit(conn).await,
-        (Enclosing::Nothing, false) => match C::Backend::abandon(conn).await {
-            Ok(()) | Err(Error::BrokenTransactionManager) => Ok(()),
-            Err(better) => Err(better),
-        },
-        (Enclosing::TestTransaction, true) => test_transaction::release(conn).await,
-        (Enclosing::TestTransaction, false) => {
-            let _explained_by_error = test_transaction::roll_back(conn).await;
-            Ok(())
-        }
-    }
-}
-
-/// A database error that ends the call, explained where the session's settings are
-/// the cause, and recorded on the delivery's span.
-async fn explain<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let error = session_check::explain(conn, error).await;
-    span.record("error.type", tracing::field::debug(classify(&error)));
-    tracing::debug!(
-        target: "diesel_inbox",
-        parent: span,
-        error = %error,
-        "nothing was committed"
-    );
-    error
 }

@@ -1,0 +1,56 @@
+//! The steps a transactional or batch call takes after its body, whatever the body's
+//! types: compiled once per connection type rather than once per handler.
+
+use diesel::result::Error;
+use diesel_async::AsyncConnection;
+
+use crate::backend::InboxBackend;
+use crate::backend::sealed::Sealed as _;
+use crate::classify::classify;
+use crate::enclosing::Enclosing;
+use crate::session_check;
+use crate::test_transaction;
+
+/// Commits what the call began when its body `succeeded`, rolls it back otherwise.
+/// `Err` is a database error that replaces the body's result: a failed commit, or a
+/// rollback that failed in a way that explains more than the body's own error.
+pub(crate) async fn close<C>(
+    conn: &mut C,
+    enclosing: Enclosing,
+    succeeded: bool,
+) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    match (enclosing, succeeded) {
+        (Enclosing::Nothing, true) => C::Backend::commit(conn).await,
+        (Enclosing::Nothing, false) => match C::Backend::abandon(conn).await {
+            Ok(()) | Err(Error::BrokenTransactionManager) => Ok(()),
+            Err(better) => Err(better),
+        },
+        (Enclosing::TestTransaction, true) => test_transaction::release(conn).await,
+        (Enclosing::TestTransaction, false) => {
+            let _explained_by_error = test_transaction::roll_back(conn).await;
+            Ok(())
+        }
+    }
+}
+
+/// A database error that ends the call, explained where the session's settings are the
+/// cause, and recorded on the call's span.
+pub(crate) async fn explain<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let error = session_check::explain(conn, error).await;
+    span.record("error.type", tracing::field::debug(classify(&error)));
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        error = %error,
+        "nothing was committed"
+    );
+    error
+}
