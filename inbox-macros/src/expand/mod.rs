@@ -14,7 +14,7 @@ use syn::{
     parse_quote_spanned,
 };
 
-use crate::diagnostics::{at, ungroup};
+use crate::diagnostics::{REWRITTEN_MARK, at, ungroup};
 use crate::validate::{ClaimSettings, Handler};
 
 mod batch;
@@ -39,7 +39,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let result_ends = first_and_last_span(result);
     let messages = batch.as_ref().map(|batch| &batch.messages);
     let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
-    let conn_mut = take_connection_mut(&mut function.sig, &conn);
+    let conn_mut = take_mut(&mut function.sig, &conn);
+    let messages_mut = messages.and_then(|messages| take_mut(&mut function.sig, messages));
     let body = &function.block;
     // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
     // alias that is none is then reported once, at the return type.
@@ -56,7 +57,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
     // reject.
     let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
-    let messages = batch::closure_parameter(batch.as_ref());
+    let messages = batch::closure_parameter(batch.as_ref(), messages_mut);
     // Spanned at the declared return type: rustc's "this function returns a `Result`",
     // beside an error in the body such as `?` on an `Option`, then points there.
     let closure = quote_spanned!(result_span=>
@@ -297,13 +298,13 @@ fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// Moves a `mut` from the connection parameter to the closure's parameter, which is
-/// the binding the body reassigns; left on the handler's parameter, it would be unused
-/// there and rustc would suggest `mut mut conn`.
-fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]> {
+/// Moves a `mut` from the connection or batch parameter to the closure's parameter of
+/// that name, which is the binding the body reassigns or mutates; left on the handler's
+/// parameter, it would be unused there and rustc would suggest `mut mut conn`.
+fn take_mut(sig: &mut Signature, parameter: &Ident) -> Option<Token![mut]> {
     sig.inputs.iter_mut().find_map(|input| match input {
         FnArg::Typed(typed) => match typed.pat.as_mut() {
-            Pat::Ident(pat) if pat.ident == *conn => pat.mutability.take(),
+            Pat::Ident(pat) if pat.ident == *parameter => pat.mutability.take(),
             _ => None,
         },
         FnArg::Receiver(_) => None,
@@ -364,7 +365,7 @@ fn consumer_claim(consumer: &LitStr) -> TokenStream {
     // In a module of its own: `non_local_definitions` checks the items of a function's
     // body, but not those of a module inside it, so the claim needs no `allow`, which a
     // user's `forbid` would reject (E0453).
-    let module = Ident::new("__inbox_consumer_claim", Span::mixed_site());
+    let module = Ident::new(REWRITTEN_MARK, Span::mixed_site());
     quote_spanned! {consumer.span()=>
         mod #module {
             #[doc(hidden)]

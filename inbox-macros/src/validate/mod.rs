@@ -1,15 +1,15 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
-use proc_macro2::{Punct, TokenStream, TokenTree};
+use proc_macro2::{Punct, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
-    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
+    Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitInt, LitStr, Pat, Path,
     PathArguments, PathSegment, ReturnType, Type, parse_quote, parse_quote_spanned,
 };
 
 use crate::args::{ARGUMENTS, Argument, Arguments};
-use crate::diagnostics::{Errors, at, ungroup};
+use crate::diagnostics::{Errors, REWRITTEN_MARK, at, not_a_parameter, ungroup};
 
 pub(crate) mod batch;
 
@@ -40,7 +40,7 @@ pub(crate) struct Handler {
 pub(crate) struct ClaimSettings {
     /// `None` for the runtime's default lease.
     pub(crate) lease: Option<Expr>,
-    pub(crate) max_attempts: Option<syn::LitInt>,
+    pub(crate) max_attempts: Option<LitInt>,
     /// `true` unless `takeover = false`.
     pub(crate) takeover: bool,
 }
@@ -55,26 +55,26 @@ pub(crate) struct Rejected {
     pub(crate) uses: Vec<Expr>,
 }
 
-/// Removes any further `#[idempotent]` from the handler's attributes, with an error at
-/// each: the attribute receives the item with the attributes written after it.
-pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Error> {
-    let mut errors = Errors::default();
-    attrs.retain(|attr| {
-        let repeated = attr
-            .path()
-            .segments
-            .last()
-            .is_some_and(|last| last.ident == "idempotent");
-        if repeated {
-            errors.spanned(
-                attr,
-                "`#[idempotent]` is already applied above: a handler runs in one transaction, \
-                 under one consumer; remove this one",
-            );
-        }
-        !repeated
-    });
-    errors.into_error()
+/// An error at this attribute if the handler is already rewritten, by an
+/// `#[idempotent]` above it under any name (`use diesel_inbox::idempotent as once`): a
+/// second rewrite would nest its transaction inside the first one's and register a
+/// second consumer. Another crate's attribute that happens to be named `idempotent` is
+/// none of ours, and is left alone.
+pub(crate) fn already_rewritten(function: &ItemFn) -> Option<syn::Error> {
+    fn mentions_mark(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            TokenTree::Ident(ident) => ident == REWRITTEN_MARK,
+            TokenTree::Group(group) => mentions_mark(group.stream()),
+            _ => false,
+        })
+    }
+    mentions_mark(function.block.to_token_stream()).then(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "`#[idempotent]` is applied twice to this handler, here and in an attribute \
+             above: a handler runs in one transaction, under one consumer; remove one",
+        )
+    })
 }
 
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
@@ -154,6 +154,12 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         },
         &mut errors,
     );
+    let messages = batch
+        .as_ref()
+        .and_then(|messages| match ungroup_expr(messages) {
+            Expr::Path(path) => path.path.get_ident().cloned(),
+            _ => None,
+        });
     let batch = batch
         .map(|messages| batch::validate(&messages, key.as_ref(), &written, function, &mut errors));
     // A batch's key is a closure, which a rejected handler cannot name without types.
@@ -235,13 +241,16 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         krate.as_ref().unwrap_or(&default_crate()),
         &mut errors,
     );
-    let conn = connection_parameter(conn, function, &mut errors);
+    let conn = connection_parameter(conn, messages.as_ref(), function, &mut errors);
     if let Some(conn) = &conn {
         connection_lifetime_unnamed(conn, function, &mut errors);
         connection_not_opaque(conn, function, &mut errors);
     }
 
-    let uses = uses();
+    // The expansion passes the connection to `run`, so a body that never names it (most
+    // claim bodies) is not reported for it either.
+    let mut uses = uses();
+    uses.extend(conn.iter().map(|conn| parse_quote!(#conn)));
     match (
         errors.into_error(),
         consumer,
@@ -335,21 +344,23 @@ fn claim_settings(
              insert finds an existing marker, and reads it, in one step",
         );
     }
-    let max_attempts = arguments
-        .max_attempts
-        .and_then(|value| match ungroup_expr(value) {
+    let max_attempts = arguments.max_attempts.and_then(|value| {
+        let max = match ungroup_expr(value) {
             Expr::Lit(ExprLit {
                 lit: Lit::Int(int), ..
-            }) if int.base10_parse::<u32>().is_ok_and(|max| max >= 1) => Some(int.clone()),
-            _ => {
-                errors.spanned(
-                    value,
-                    "`max_attempts` takes an integer literal from 1 to 4294967295, such as \
-                     `max_attempts = 5`",
-                );
-                None
-            }
-        });
+            }) => int.base10_parse::<u32>().ok().filter(|max| *max >= 1),
+            _ => None,
+        };
+        if max.is_none() {
+            errors.spanned(
+                value,
+                "`max_attempts` takes an integer literal from 1 to 4294967295, such as \
+                 `max_attempts = 5`",
+            );
+        }
+        // Unsuffixed, at the literal: `3u8` means three, and `ClaimPolicy` takes a `u32`.
+        max.map(|max| LitInt::new(&max.to_string(), value.span()))
+    });
     let takeover = match arguments.takeover.map(ungroup_expr) {
         None => true,
         Some(Expr::Lit(ExprLit {
@@ -561,6 +572,7 @@ fn written_result(last: &PathSegment) -> Option<(Type, Type)> {
 /// a candidate next to one that exists in all of them.
 fn connection_parameter(
     named: Option<Ident>,
+    messages: Option<&Ident>,
     function: &ItemFn,
     errors: &mut Errors,
 ) -> Option<Ident> {
@@ -574,19 +586,21 @@ fn connection_parameter(
         })
     };
     if let Some(named) = named {
-        if typed().any(|(ident, _)| *ident == named) {
-            return Some(named);
+        // The signature's own identifier: `conn = $c` from a `macro_rules!` caller
+        // carries the caller's hygiene, while the body names the parameter as the
+        // signature does.
+        if let Some((ident, _)) = typed().find(|(ident, _)| **ident == named) {
+            return Some(ident.clone());
         }
-        errors.spanned(
-            &named,
-            format!("`{named}` is not a parameter of this handler"),
-        );
+        errors.spanned(&named, not_a_parameter("conn", &named, function));
         return None;
     }
     if let Some((ident, _)) = typed().find(|(ident, _)| *ident == "conn") {
         return Some(ident.clone());
     }
     let mutable: Vec<(&Ident, bool)> = typed()
+        // The batch's messages may be a `&mut [M]`: never the connection.
+        .filter(|(ident, _)| messages != Some(*ident))
         .filter(|(_, typed)| {
             matches!(ungroup(&typed.ty), Type::Reference(reference) if reference.mutability.is_some())
         })
