@@ -116,6 +116,9 @@ use quote::ToTokens;
 ///
 /// ```ignore
 /// async fn credit(
+///     // The same name, with the expansion's hygiene: only the expansion reaches this
+///     // binding, and the closure's `conn` below shadows none of the user's (which
+///     // `clippy::shadow_unrelated` would report). So does a batch parameter.
 ///     conn: &mut AsyncPgConnection,
 ///     // `mut` for the borrow in the body below. Parameters the body never names are
 ///     // left as they are, and so is the connection.
@@ -144,7 +147,8 @@ use quote::ToTokens;
 ///     diesel_inbox::__private::register_handler!(HANDLER);
 ///
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
-///     // may use `conn`.
+///     // may use `conn`: one that names it is evaluated in a block that starts with
+///     // `let conn = &mut *conn;`.
 ///     let message_id = diesel_inbox::InboxKey::encode(&(msg.message_id));
 ///     let mode = diesel_inbox::__private::FastPath::Adaptive;
 ///     // `fingerprint = payload`: `Some(diesel_inbox::__private::Fingerprint::of(&(payload)))`.

@@ -6,6 +6,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Path, ReturnType, Token};
 
+use super::Hidden;
 use crate::diagnostics::at;
 use crate::validate::batch::Batch;
 
@@ -26,7 +27,7 @@ pub(crate) fn closure_parameter(
 pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
-    conn: &Ident,
+    connection: &Hidden,
     borrow: &TokenStream,
     registration: &Ident,
     error_type: &TokenStream,
@@ -38,14 +39,21 @@ pub(crate) fn expand_run(
         capture,
     } = batch;
     // Spanned at the parameter in the signature, so that one that is no batch is
-    // reported there, once.
+    // reported there, once: through a binding of the name as written, in a block of its
+    // own, since the signature's binding has the expansion's hygiene (see `Hidden`).
     let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
     let messages_slice = {
         let krate = at(krate, messages.span());
-        quote_spanned!(messages.span()=> #krate::__private::batch_messages(&#messages))
+        let hidden = Hidden::of(messages).hidden;
+        quote_spanned!(messages.span()=> {
+            let #messages = &#hidden;
+            #krate::__private::batch_messages(#messages)
+        })
     };
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
     let (keys, key_of) = keys(krate, &slice, key, capture.as_ref());
+    let keys = connection.reach(keys);
+    let conn = &connection.visible;
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>

@@ -132,12 +132,20 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let borrow = connection_borrow(&krate, &conn, connection_type(&function.sig, &conn));
+    let connection = Hidden::of(&conn);
+    connection.rename_in(&mut function.sig);
+    let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
+    let (encode, mode, fingerprint) = (
+        connection.reach(encode),
+        connection.reach(mode),
+        connection.reach(fingerprint),
+    );
     let run = if let Some(batch) = &batch {
+        Hidden::of(&batch.messages).rename_in(&mut function.sig);
         batch::expand_run(
             batch,
             &krate,
-            &conn,
+            &connection,
             &borrow,
             &registration,
             &error_type,
@@ -202,6 +210,57 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     quote!(#function)
 }
 
+/// A parameter the body sees under its own name as the closure's parameter (the
+/// connection, the batch): in the signature it is renamed apart, with the expansion's
+/// hygiene, at its own place. The closure's parameter then shadows no binding of the
+/// user's, which `clippy::shadow_unrelated` would report, and rustdoc still shows the
+/// name as written.
+pub(crate) struct Hidden {
+    /// The name as written, which the user's expressions use; placed where the
+    /// parameter is.
+    pub(crate) visible: Ident,
+    /// The signature's binding, which only the expansion can name.
+    pub(crate) hidden: Ident,
+}
+
+impl Hidden {
+    pub(crate) fn of(parameter: &Ident) -> Self {
+        let mut hidden = parameter.clone();
+        hidden.set_span(Span::mixed_site().located_at(parameter.span()));
+        Self {
+            visible: parameter.clone(),
+            hidden,
+        }
+    }
+
+    /// Renames the parameter apart in the signature (each, if `#[cfg]` gives several).
+    fn rename_in(&self, sig: &mut Signature) {
+        for input in &mut sig.inputs {
+            if let FnArg::Typed(typed) = input {
+                match typed.pat.as_mut() {
+                    Pat::Ident(pat) if pat.ident == self.visible => pat.ident = self.hidden.clone(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// `expression`, evaluated where the signature's binding is visible under its name
+    /// as written, if it mentions that name: `key`, `fast_path` and `fingerprint` may
+    /// use the connection. In a block of its own, so that the closure's parameter does
+    /// not shadow the binding.
+    pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
+        if !mentioned_names(expression.clone()).contains(&self.visible.to_string()) {
+            return expression;
+        }
+        let Self { visible, hidden } = self;
+        quote!({
+            let #visible = &mut *#hidden;
+            #expression
+        })
+    }
+}
+
 /// `-> (Result<Outcome<T>, E>)`: the parentheses at the expansion's place, the type
 /// inside them from the declared type's first token to its last. rustc drops the
 /// parentheses, and a suggestion around the return type, such as
@@ -222,8 +281,13 @@ fn claim_policy(krate: &syn::Path, settings: &ClaimSettings) -> TokenStream {
         None => quote!(::core::option::Option::None),
         Some(lease) => {
             let bound = format_ident!("__inbox_lease", span = Span::mixed_site());
+            // The type at the lease, but with the expansion's hygiene: with the lease's,
+            // `clippy::absolute_paths` would take the expansion's path for the user's.
+            let duration = quote_spanned!(
+                Span::call_site().located_at(lease.span())=> ::core::time::Duration
+            );
             let binding = quote_spanned!(lease.span()=>
-                let #bound: ::core::time::Duration = #lease;
+                let #bound: #duration = #lease;
             );
             quote!({ #binding ::core::option::Option::Some(#bound) })
         }
@@ -251,11 +315,15 @@ fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
 /// spanned there: a connection taken by value is then reported at that type, where
 /// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
 /// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).
-fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> TokenStream {
+fn connection_borrow(krate: &syn::Path, connection: &Hidden, ty: Option<&Type>) -> TokenStream {
+    let Hidden {
+        visible: conn,
+        hidden,
+    } = connection;
     match ty.map(ungroup) {
         Some(Type::Reference(reference)) if reference.mutability.is_some() => {
             let krate = at(krate, conn.span());
-            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#conn))
+            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#hidden))
         }
         Some(ty) => {
             // Every token at one place, so that the bound's two checks (the path's and
@@ -264,7 +332,7 @@ fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> Toke
             let ty = respanned(quote!(#ty), span);
             let krate = at(krate, span);
             quote_spanned!(span=>
-                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#conn)
+                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#hidden)
             )
         }
         None => unreachable!("validation found the connection parameter"),
