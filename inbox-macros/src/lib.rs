@@ -10,6 +10,7 @@
 mod args;
 mod diagnostics;
 mod expand;
+mod manifest;
 mod validate;
 
 use proc_macro::TokenStream;
@@ -95,7 +96,9 @@ use quote::ToTokens;
 ///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
 ///   that re-exports diesel-inbox, the path of the re-export, such as
 ///   `crate = my_facade::inbox`. serde's and tokio's string form, `crate = "::inbox"`,
-///   is accepted too. Every path of the expansion goes through it.
+///   is accepted too. Every path of the expansion goes through it. A dependency renamed
+///   in Cargo.toml without `crate = …`, or a `crate = ::name` one or two letters off
+///   the dependency's name, is reported once, at the attribute, with the path to write.
 ///
 /// # Examples
 ///
@@ -247,7 +250,8 @@ use quote::ToTokens;
 /// without `claim`, and `fast_path` with it; a `max_attempts` that is not an integer
 /// literal of at least 1, a `takeover` that is not `true` or `false`, a `lease` that is
 /// not a `Duration` (at the lease); a `crate` that
-/// is not a path; a consumer that is not a string literal, is empty, longer than 200
+/// is not a path, or a dependency renamed without `crate` or misspelt in it (read from
+/// Cargo.toml); a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate
 /// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `batch` naming no
 /// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a

@@ -10,6 +10,7 @@ use syn::{
 
 use crate::args::{ARGUMENTS, Argument, Arguments};
 use crate::diagnostics::{Errors, REWRITTEN_MARK, at, not_a_parameter, ungroup};
+use crate::manifest::Dependencies;
 
 pub(crate) mod batch;
 
@@ -199,9 +200,10 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         }
     });
 
+    let dependencies = Dependencies::of_crate();
     let krate = match krate {
-        None => Some(default_crate()),
-        Some(value) => crate_path(&value, &mut errors),
+        None => default_crate(dependencies.as_ref(), &mut errors),
+        Some(value) => crate_path(&value, dependencies.as_ref(), &mut errors),
     };
 
     let signature = &function.sig;
@@ -238,7 +240,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     let result = result_types(
         &signature.output,
         // An invalid `crate` is already reported; the alias projections need some path.
-        krate.as_ref().unwrap_or(&default_crate()),
+        krate.as_ref().unwrap_or(&default_path()),
         &mut errors,
     );
     let conn = connection_parameter(conn, messages.as_ref(), function, &mut errors);
@@ -424,33 +426,80 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
 }
 
 /// Where diesel-inbox is without `crate = …`.
-fn default_crate() -> Path {
+fn default_path() -> Path {
     parse_quote!(::diesel_inbox)
+}
+
+/// `::diesel_inbox`, unless Cargo.toml renames the dependency: then every path of the
+/// expansion would fail on its own, so the rename is reported once, with the argument
+/// to add.
+fn default_crate(dependencies: Option<&Dependencies>, errors: &mut Errors) -> Option<Path> {
+    match dependencies.and_then(Dependencies::diesel_inbox) {
+        Some(renamed) if renamed != "diesel_inbox" => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "diesel-inbox is a dependency of this crate under the name `{renamed}` \
+                     (`package = \"diesel-inbox\"` in Cargo.toml): add `crate = ::{renamed}` \
+                     to the arguments, the path the generated code then names it by"
+                ),
+            ));
+            None
+        }
+        _ => Some(default_path()),
+    }
 }
 
 /// `crate = path`, or serde's and tokio's string form `crate = "path"`: where a renamed
 /// dependency (`::inbox`) or a facade's re-export (`my_facade::inbox`) puts diesel-inbox.
-fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+fn crate_path(
+    value: &Expr,
+    dependencies: Option<&Dependencies>,
+    errors: &mut Errors,
+) -> Option<Path> {
     let message = "`crate` takes the path diesel-inbox is reachable at, such as \
                    `crate = ::inbox` for a renamed dependency or `crate = my_facade::inbox` \
                    for a re-export";
-    match ungroup_expr(value) {
-        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
-            Some(path.path.clone())
-        }
+    let path = match ungroup_expr(value) {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => path.path.clone(),
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
         }) => match lit.parse::<Path>() {
-            Ok(path) => Some(path),
+            Ok(path) => path,
             Err(_) => {
                 errors.spanned(lit, message);
-                None
+                return None;
             }
         },
         other => {
             errors.spanned(other, message);
-            None
+            return None;
         }
+    };
+    misspelt_dependency(&path, dependencies?, errors);
+    Some(path)
+}
+
+/// `crate = ::inboxx` for the dependency `inbox`: reported once, at the name, rather
+/// than at every path of the expansion. Only a name close to diesel-inbox's own is
+/// taken for a typo: `::name` may also be an `extern crate … as name` of the crate's.
+fn misspelt_dependency(path: &Path, dependencies: &Dependencies, errors: &mut Errors) {
+    let (Some(_), Some(first), Some(dependency)) = (
+        path.leading_colon,
+        path.segments.first(),
+        dependencies.diesel_inbox(),
+    ) else {
+        return;
+    };
+    let written = first.ident.to_string();
+    if !dependencies.contains(&written) && edit_distance(&written, dependency) <= 2 {
+        errors.spanned(
+            &first.ident,
+            format!(
+                "no dependency named `{written}`: diesel-inbox is `{dependency}` in Cargo.toml; \
+                 write `crate = ::{dependency}`"
+            ),
+        );
     }
 }
 
