@@ -193,7 +193,9 @@ use quote::ToTokens;
 ///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
 ///             }
 ///             // Borrows each parameter the body names, whole and mutably: the closure
-///             // then captures neither a copy of a field nor a shared reference.
+///             // then captures neither a copy of a field nor a shared reference. A
+///             // `&mut` parameter is renamed apart in the signature, as `conn` is, and
+///             // moved in instead: `let msg = msg;`.
 ///             let _ = &mut msg;
 ///             {
 ///                 diesel::update(accounts::table.find(msg.account_id))
@@ -229,7 +231,10 @@ use quote::ToTokens;
 /// COMMIT or ROLLBACK: an ack handle or a lock guard passed in is released only once the
 /// transaction is over. A parameter the body moves is the body's from there on; on a
 /// path where the body does not move it after all, it drops when the body returns,
-/// before COMMIT. The handler's future is `Send` when the plain function's would be;
+/// before COMMIT. A `&mut` borrow moves into the body, as into a plain `async fn`'s
+/// future, so the body can return a borrow through it for its whole lifetime
+/// (`msg: &'a mut Msg` to `Result<&'a mut u64, E>`). The handler's future is `Send`
+/// when the plain function's would be;
 /// only a name bound without `mut` inside a struct, slice or reference pattern is
 /// captured as the body uses it, so one the body only reads must also be `Sync`.
 ///

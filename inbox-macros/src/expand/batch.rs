@@ -6,7 +6,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Path, ReturnType, Token};
 
-use super::Hidden;
+use super::{Hidden, Renamed};
 use crate::diagnostics::at;
 use crate::validate::batch::Batch;
 
@@ -27,7 +27,7 @@ pub(crate) fn closure_parameter(
 pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
-    connection: &Hidden,
+    renamed: &Renamed,
     borrow: &TokenStream,
     registration: &Ident,
     error_type: &TokenStream,
@@ -52,8 +52,8 @@ pub(crate) fn expand_run(
     };
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
     let (keys, key_of) = keys(krate, &slice, key, capture.as_ref());
-    let keys = connection.reach(keys);
-    let conn = &connection.visible;
+    let keys = renamed.reach(keys);
+    let conn = &renamed.connection.visible;
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>

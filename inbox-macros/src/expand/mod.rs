@@ -38,7 +38,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let result_span = result.span();
     let result_ends = first_and_last_span(result);
     let messages = batch.as_ref().map(|batch| &batch.messages);
-    let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
+    let (borrows, moved) = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
     let conn_mut = take_mut(&mut function.sig, &conn);
     let messages_mut = messages.and_then(|messages| take_mut(&mut function.sig, messages));
     let body = &function.block;
@@ -135,17 +135,18 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let connection = Hidden::of(&conn);
     connection.rename_in(&mut function.sig);
     let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
+    let renamed = Renamed { connection, moved };
     let (encode, mode, fingerprint) = (
-        connection.reach(encode),
-        connection.reach(mode),
-        connection.reach(fingerprint),
+        renamed.reach(encode),
+        renamed.reach(mode),
+        renamed.reach(fingerprint),
     );
     let run = if let Some(batch) = &batch {
         Hidden::of(&batch.messages).rename_in(&mut function.sig);
         batch::expand_run(
             batch,
             &krate,
-            &connection,
+            &renamed,
             &borrow,
             &registration,
             &error_type,
@@ -248,8 +249,8 @@ impl Hidden {
     /// `expression`, evaluated where the signature's binding is visible under its name
     /// as written, if it mentions that name: `key`, `fast_path` and `fingerprint` may
     /// use the connection. In a block of its own, so that the closure's parameter does
-    /// not shadow the binding.
-    pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
+    /// not shadow the binding. The binding is a `&mut` borrow, reborrowed here.
+    fn reach(&self, expression: TokenStream) -> TokenStream {
         if !mentioned_names(expression.clone()).contains(&self.visible.to_string()) {
             return expression;
         }
@@ -258,6 +259,27 @@ impl Hidden {
             let #visible = &mut *#hidden;
             #expression
         })
+    }
+}
+
+/// The parameters renamed apart that expressions evaluated before the body (`key`,
+/// `fast_path`, `fingerprint`, `lease`) may name: the connection, and the `&mut`
+/// borrows the body takes.
+pub(crate) struct Renamed {
+    pub(crate) connection: Hidden,
+    moved: Vec<Hidden>,
+}
+
+impl Renamed {
+    /// `expression`, where each of these parameters it names is visible under its name
+    /// as written.
+    pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
+        self.moved
+            .iter()
+            .chain([&self.connection])
+            .fold(expression, |expression, parameter| {
+                parameter.reach(expression)
+            })
     }
 }
 
@@ -483,15 +505,17 @@ fn encode_consumer(consumer: &str) -> String {
 /// is known to be by value: the whole parameter, or a name inside a tuple pattern of a
 /// tuple type. Others are borrowed only if already `mut` (a `ref` binding is a reference
 /// already). Returns one `let _ = &mut name;` per binding, under the parameter's `cfg`,
-/// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind.
+/// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind; a
+/// `&mut` parameter is moved in instead, and returned among the renamed.
 fn borrow_parameters(
     sig: &mut Signature,
     conn: &Ident,
     messages: Option<&Ident>,
     body: &syn::Block,
-) -> Vec<TokenStream> {
+) -> (Vec<TokenStream>, Vec<Hidden>) {
     let mentioned = mentioned_names(quote!(#body));
     let mut borrows = Vec::new();
+    let mut moved = Vec::new();
     for input in &mut sig.inputs {
         match input {
             FnArg::Receiver(receiver) => {
@@ -520,6 +544,32 @@ fn borrow_parameters(
                     .iter()
                     .filter(|attr| attr.path().is_ident("cfg"));
                 let cfg = quote!(#(#cfg)*);
+                // A `&mut` borrow moves into the body, as into a plain `async fn`'s
+                // future: the body can then return a borrow through it for its whole
+                // lifetime (`-> Result<&'a mut u64, E>`), which a borrow of the
+                // handler's binding cannot give. Renamed apart in the signature, like
+                // the connection, so that the body's binding shadows nothing.
+                let mutable_borrow = matches!(
+                    ungroup(&typed.ty),
+                    Type::Reference(reference) if reference.mutability.is_some()
+                );
+                let pat = match typed.pat.as_mut() {
+                    Pat::Ident(pat) if mutable_borrow => Some(pat),
+                    _ => None,
+                };
+                if let Some(pat) = pat.filter(|pat| {
+                    pat.by_ref.is_none()
+                        && pat.subpat.is_none()
+                        && mentioned.contains(&pat.ident.to_string())
+                }) {
+                    let parameter = Hidden::of(&pat.ident);
+                    let mutability = pat.mutability.take();
+                    pat.ident = parameter.hidden.clone();
+                    let Hidden { visible, hidden } = &parameter;
+                    borrows.push(quote!(#cfg let #mutability #visible = #hidden;));
+                    moved.push(parameter);
+                    continue;
+                }
                 let mut names = Vec::new();
                 bindings(&mut typed.pat, Some(&typed.ty), &mentioned, &mut names);
                 borrows.extend(
@@ -530,7 +580,7 @@ fn borrow_parameters(
             }
         }
     }
-    borrows
+    (borrows, moved)
 }
 
 /// The by-value bindings of `pat` that can be borrowed mutably, adding `mut` where the
