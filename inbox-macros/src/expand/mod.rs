@@ -211,11 +211,11 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     quote!(#function)
 }
 
-/// A parameter the body sees under its own name as the closure's parameter (the
-/// connection, the batch): in the signature it is renamed apart, with the expansion's
-/// hygiene, at its own place. The closure's parameter then shadows no binding of the
-/// user's, which `clippy::shadow_unrelated` would report, and rustdoc still shows the
-/// name as written.
+/// A parameter the body sees under its own name through a binding of the closure's
+/// (the connection, the batch, a `&mut` borrow moved in): in the signature it is
+/// renamed apart, with the expansion's hygiene, at its own place. The closure's binding
+/// then shadows none of the user's, which `clippy::shadow_unrelated` would report, and
+/// rustdoc still shows the name as written.
 pub(crate) struct Hidden {
     /// The name as written, which the user's expressions use; placed where the
     /// parameter is.
