@@ -3,7 +3,11 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
-use syn::{Path, Type};
+use syn::{FnArg, Ident, ItemFn, Pat, Path, Type};
+
+/// The module every rewritten handler's body starts with: a second `#[idempotent]`
+/// recognises the first's work by it, whatever name either was imported under.
+pub(crate) const REWRITTEN_MARK: &str = "__inbox_consumer_claim";
 
 /// Collects errors so that one build reports all of them.
 #[derive(Default)]
@@ -50,4 +54,26 @@ pub(crate) fn ungroup(mut ty: &Type) -> &Type {
         ty = &group.elem;
     }
     ty
+}
+
+/// "`name` is not a parameter", for `argument = name`. rustc's "unused variable" advice
+/// renames a parameter to `_name`, which the argument must then follow: the message
+/// says so when only the underscore differs.
+pub(crate) fn not_a_parameter(argument: &str, name: &Ident, function: &ItemFn) -> String {
+    let bare = |ident: &str| ident.trim_start_matches('_').to_owned();
+    let wanted = bare(&name.to_string());
+    let renamed = function.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(typed) => match typed.pat.as_ref() {
+            Pat::Ident(pat) if bare(&pat.ident.to_string()) == wanted => Some(&pat.ident),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    match renamed {
+        Some(parameter) => format!(
+            "`{name}` is not a parameter of this handler; the parameter is `{parameter}`: \
+             write `{argument} = {parameter}`"
+        ),
+        None => format!("`{name}` is not a parameter of this handler"),
+    }
 }

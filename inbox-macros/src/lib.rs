@@ -10,6 +10,7 @@
 mod args;
 mod diagnostics;
 mod expand;
+mod manifest;
 mod validate;
 
 use proc_macro::TokenStream;
@@ -44,8 +45,8 @@ use quote::ToTokens;
 ///   `(msg.topic.as_str(), msg.partition, msg.offset)`. Evaluated before the body; its
 ///   type implements `diesel_inbox::InboxKey`.
 /// - `conn = <parameter>`: the connection parameter, a `&mut` borrow. By default the
-///   parameter named `conn`, else the only `&mut` parameter (one under `#[cfg]` counts
-///   only if every `&mut` parameter is under one). The body cannot name the lifetime of
+///   parameter named `conn`, else the only `&mut` parameter but the batch (one under
+///   `#[cfg]` counts only if every `&mut` parameter is under one). The body cannot name the lifetime of
 ///   its borrow (`&'c mut`): it runs on a shorter borrow, the transaction's.
 /// - `fast_path = <bool expression>`: whether to look for a committed marker before
 ///   opening a transaction, so that a redelivery costs one indexed read instead of a
@@ -79,10 +80,14 @@ use quote::ToTokens;
 ///   `Permanent`, until a person settles it. A claim released by a failed body still
 ///   runs again.
 /// - `batch = <parameter>`: the batch form. The parameter holds many messages (`&[M]`,
-///   `Vec<M>`, `&Vec<M>` or an array), and `key` is then a closure from one message to
-///   its key, `key = |msg| msg.message_id` (the key is borrowed, as in the single form).
+///   `Vec<M>`, `&Vec<M>`, `&mut [M]` or an array), and `key` is then a closure from one
+///   message to its key, `key = |msg| msg.message_id` (the key is borrowed, as in the
+///   single form), or a function's path, `key = Msg::key`. A closure may be `move`, type
+///   its parameter, declare its return type or `return` early, as any closure; with a
+///   declared return type or a `return`, its value is the key, as a function's is.
 ///   The body sees, under the parameter's name, a `Vec<&M>` of the messages new to this
-///   consumer, and the handler returns `Result<diesel_inbox::BatchOutcome<T>, E>`.
+///   consumer (a `mut` parameter gives a `mut` one), and the handler returns
+///   `Result<diesel_inbox::BatchOutcome<T>, E>`.
 ///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
 ///   call of `diesel_inbox::__private::run_batch` in place of `run`.
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
@@ -91,7 +96,9 @@ use quote::ToTokens;
 ///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
 ///   that re-exports diesel-inbox, the path of the re-export, such as
 ///   `crate = my_facade::inbox`. serde's and tokio's string form, `crate = "::inbox"`,
-///   is accepted too. Every path of the expansion goes through it.
+///   is accepted too. Every path of the expansion goes through it. A dependency renamed
+///   in Cargo.toml without `crate = …`, or a `crate = ::name` one or two letters off
+///   the dependency's name, is reported once, at the attribute, with the path to write.
 ///
 /// # Examples
 ///
@@ -112,6 +119,9 @@ use quote::ToTokens;
 ///
 /// ```ignore
 /// async fn credit(
+///     // The same name, with the expansion's hygiene: only the expansion reaches this
+///     // binding, and the closure's `conn` below shadows none of the user's (which
+///     // `clippy::shadow_unrelated` would report). So does a batch parameter.
 ///     conn: &mut AsyncPgConnection,
 ///     // `mut` for the borrow in the body below. Parameters the body never names are
 ///     // left as they are, and so is the connection.
@@ -140,7 +150,8 @@ use quote::ToTokens;
 ///     diesel_inbox::__private::register_handler!(HANDLER);
 ///
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
-///     // may use `conn`.
+///     // may use `conn`: one that names it is evaluated in a block that starts with
+///     // `let conn = &mut *conn;`.
 ///     let message_id = diesel_inbox::InboxKey::encode(&(msg.message_id));
 ///     let mode = diesel_inbox::__private::FastPath::Adaptive;
 ///     // `fingerprint = payload`: `Some(diesel_inbox::__private::Fingerprint::of(&(payload)))`.
@@ -182,7 +193,9 @@ use quote::ToTokens;
 ///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
 ///             }
 ///             // Borrows each parameter the body names, whole and mutably: the closure
-///             // then captures neither a copy of a field nor a shared reference.
+///             // then captures neither a copy of a field nor a shared reference. A
+///             // `&mut` parameter is renamed apart in the signature, as `conn` is, and
+///             // moved in instead: `let msg = msg;`.
 ///             let _ = &mut msg;
 ///             {
 ///                 diesel::update(accounts::table.find(msg.account_id))
@@ -218,7 +231,10 @@ use quote::ToTokens;
 /// COMMIT or ROLLBACK: an ack handle or a lock guard passed in is released only once the
 /// transaction is over. A parameter the body moves is the body's from there on; on a
 /// path where the body does not move it after all, it drops when the body returns,
-/// before COMMIT. The handler's future is `Send` when the plain function's would be;
+/// before COMMIT. A `&mut` borrow moves into the body, as into a plain `async fn`'s
+/// future, so the body can return a borrow through it for its whole lifetime
+/// (`msg: &'a mut Msg` to `Result<&'a mut u64, E>`). The handler's future is `Send`
+/// when the plain function's would be;
 /// only a name bound without `mut` inside a struct, slice or reference pattern is
 /// captured as the body uses it, so one the body only reads must also be `Sync`.
 ///
@@ -229,7 +245,8 @@ use quote::ToTokens;
 ///
 /// Compile errors, each placed on the offending tokens, for: an attribute on anything
 /// but a function, on a trait's method declaration (which has no body to run), or
-/// applied twice (at the second); a function that is not `async`, or is `const`,
+/// applied twice, under any names (at the second; another crate's attribute that is
+/// also named `idempotent` is left alone); a function that is not `async`, or is `const`,
 /// `unsafe`, `extern` or variadic; a return type that is not `Result<T, E>` nor an alias
 /// named `…Result`, or such an alias that is no `Result` (as rustc's "handlers return a
 /// `Result`, not …") or has an `impl Trait` inside; a missing,
@@ -238,12 +255,14 @@ use quote::ToTokens;
 /// without `claim`, and `fast_path` with it; a `max_attempts` that is not an integer
 /// literal of at least 1, a `takeover` that is not `true` or `false`, a `lease` that is
 /// not a `Duration` (at the lease); a `crate` that
-/// is not a path; a consumer that is not a string literal, is empty, longer than 200
+/// is not a path, or a dependency renamed without `crate` or misspelt in it (read from
+/// Cargo.toml); a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate
 /// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `batch` naming no
 /// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a
-/// batch `key` that is not a one-parameter closure, or `fast_path` beside `batch`; `conn` naming no
-/// parameter, or no connection parameter found, or several `&mut` candidates; a
+/// batch `key` that is neither a one-parameter closure nor a path, or `fast_path` beside
+/// `batch`; `conn` naming no parameter (with the parameter's name when only a leading
+/// `_` differs, as for `batch`), or no connection parameter found, or several `&mut` candidates; a
 /// connection taken by value (at its type, where rustc suggests the `&mut`, or at an
 /// `impl Trait` taken by value); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
@@ -295,9 +314,11 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return output.into();
         }
     };
-    // Reported, and removed so that the handler is rewritten once: a second rewrite
-    // would nest its transaction inside the first one's and register a second consumer.
-    let repeated = validate::repeated_attribute(&mut function.attrs);
+    if let Some(error) = validate::already_rewritten(&function) {
+        let mut output = error.into_compile_error();
+        function.to_tokens(&mut output);
+        return output.into();
+    }
     let handler = match syn::parse::<args::Arguments>(args) {
         Ok(args) => validate::validate(args, &function),
         Err(error) => Err(validate::Rejected {
@@ -305,19 +326,11 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             uses: Vec::new(),
         }),
     };
-    match (handler, repeated) {
-        (Ok(handler), None) => expand::expand(handler, function).into(),
-        (Ok(handler), Some(error)) => {
-            let mut output = error.into_compile_error();
-            output.extend(expand::expand(handler, function));
-            output.into()
-        }
+    match handler {
+        Ok(handler) => expand::expand(handler, function).into(),
         // The function is kept so that completion still works on it, without the
         // qualifiers already reported, which would only add rustc's own errors.
-        (Err(validate::Rejected { mut error, uses }), repeated) => {
-            if let Some(repeated) = repeated {
-                error.combine(repeated);
-            }
+        Err(validate::Rejected { error, uses }) => {
             function.sig.constness = None;
             function.sig.variadic = None;
             if !uses.is_empty() {

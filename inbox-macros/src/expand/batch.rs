@@ -1,20 +1,24 @@
 //! Writing the batch form: the keys of all messages, checked before the transaction,
 //! then `run_batch` in place of `run`.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Ident, Path};
+use syn::{Expr, Ident, Path, ReturnType, Token};
 
+use super::{Hidden, Renamed};
 use crate::diagnostics::at;
 use crate::validate::batch::Batch;
 
 /// The closure's parameter after the connection: the new messages, under the batch
-/// parameter's name.
-pub(crate) fn closure_parameter(batch: Option<&Batch>) -> Option<TokenStream> {
+/// parameter's name, `mut` if the handler's parameter was.
+pub(crate) fn closure_parameter(
+    batch: Option<&Batch>,
+    mutability: Option<Token![mut]>,
+) -> Option<TokenStream> {
     batch.map(|batch| {
         let messages = &batch.messages;
-        quote!(, #messages)
+        quote!(, #mutability #messages)
     })
 }
 
@@ -23,7 +27,7 @@ pub(crate) fn closure_parameter(batch: Option<&Batch>) -> Option<TokenStream> {
 pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
-    conn: &Ident,
+    renamed: &Renamed,
     borrow: &TokenStream,
     registration: &Ident,
     error_type: &TokenStream,
@@ -31,27 +35,25 @@ pub(crate) fn expand_run(
 ) -> TokenStream {
     let Batch {
         messages,
-        key_input,
-        key_body,
+        key,
+        capture,
     } = batch;
     // Spanned at the parameter in the signature, so that one that is no batch is
-    // reported there, once.
+    // reported there, once: through a binding of the name as written, in a block of its
+    // own, since the signature's binding has the expansion's hygiene (see `Hidden`).
     let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
     let messages_slice = {
         let krate = at(krate, messages.span());
-        quote_spanned!(messages.span()=> #krate::__private::batch_messages(&#messages))
+        let hidden = Hidden::of(messages).hidden;
+        quote_spanned!(messages.span()=> {
+            let #messages = &#hidden;
+            #krate::__private::batch_messages(#messages)
+        })
     };
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
-    // Spanned at the key, so that a key without `InboxKey` is reported there. The key is
-    // borrowed, as in the single form, so `|msg| msg.message_id` needs no `.clone()`.
-    let keys = {
-        let krate = at(krate, key_body.span());
-        quote_spanned!(key_body.span()=>
-            #krate::__private::batch_keys(#slice, |#key_input| {
-                #krate::InboxKey::encode(&(#key_body))
-            })
-        )
-    };
+    let (keys, key_of) = keys(krate, &slice, key, capture.as_ref());
+    let keys = renamed.reach(keys);
+    let conn = &renamed.connection.visible;
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
@@ -67,8 +69,70 @@ pub(crate) fn expand_run(
         )
     };
     quote! {
+        #key_of
         let #slice = #messages_slice;
         let #message_ids = #keys;
         #run
     }
+}
+
+/// `batch_keys(messages, |msg| encode(&(key)))`, spanned at the key, so that a key
+/// without `InboxKey` is reported there; and the function it calls, if any. A `move`
+/// closure's captures move once, into the closure over all messages.
+fn keys(
+    krate: &Path,
+    slice: &Ident,
+    key: &Expr,
+    capture: Option<&Token![move]>,
+) -> (TokenStream, Option<TokenStream>) {
+    match key {
+        // The key's expression is inlined and borrowed, as in the single form, so
+        // `|msg| msg.message_id` needs no `.clone()`. Not with an explicit return type or
+        // a `return` (here any `return` token, to be safe), where the closure's own
+        // value is the key.
+        Expr::Closure(closure)
+            if matches!(closure.output, ReturnType::Default)
+                && !mentions_return(closure.body.to_token_stream()) =>
+        {
+            let input = &closure.inputs[0];
+            let body = &closure.body;
+            let krate = at(krate, body.span());
+            let keys = quote_spanned!(body.span()=>
+                #krate::__private::batch_keys(#slice, #capture |#input| {
+                    #krate::InboxKey::encode(&(#body))
+                })
+            );
+            (keys, None)
+        }
+        // Applied through a function rather than called directly: a closure's parameter
+        // then gets its type from the message, and its key may borrow from the message
+        // (`-> &str`, `Msg::key` for `fn key(&self) -> &str`).
+        key => {
+            let message = format_ident!("__inbox_message", span = Span::mixed_site());
+            let key_of = format_ident!("__inbox_key_of", span = Span::mixed_site());
+            let krate = at(krate, key.span());
+            let keys = quote_spanned!(key.span()=>
+                #krate::__private::batch_keys(#slice, #capture |#message| {
+                    #krate::InboxKey::encode(&#key_of(#message, #key))
+                })
+            );
+            let key_of = quote! {
+                fn #key_of<'m, M, K>(
+                    message: &'m M,
+                    key: impl ::core::ops::FnOnce(&'m M) -> K,
+                ) -> K {
+                    key(message)
+                }
+            };
+            (keys, Some(key_of))
+        }
+    }
+}
+
+fn mentions_return(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == "return",
+        TokenTree::Group(group) => mentions_return(group.stream()),
+        _ => false,
+    })
 }

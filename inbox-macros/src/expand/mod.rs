@@ -14,7 +14,7 @@ use syn::{
     parse_quote_spanned,
 };
 
-use crate::diagnostics::{at, ungroup};
+use crate::diagnostics::{REWRITTEN_MARK, at, ungroup};
 use crate::validate::{ClaimSettings, Handler};
 
 mod batch;
@@ -38,8 +38,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let result_span = result.span();
     let result_ends = first_and_last_span(result);
     let messages = batch.as_ref().map(|batch| &batch.messages);
-    let borrows = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
-    let conn_mut = take_connection_mut(&mut function.sig, &conn);
+    let (borrows, moved) = borrow_parameters(&mut function.sig, &conn, messages, &function.block);
+    let conn_mut = take_mut(&mut function.sig, &conn);
+    let messages_mut = messages.and_then(|messages| take_mut(&mut function.sig, messages));
     let body = &function.block;
     // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
     // alias that is none is then reported once, at the return type.
@@ -56,7 +57,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
     // reject.
     let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
-    let messages = batch::closure_parameter(batch.as_ref());
+    let messages = batch::closure_parameter(batch.as_ref(), messages_mut);
     // Spanned at the declared return type: rustc's "this function returns a `Result`",
     // beside an error in the body such as `?` on an `Option`, then points there.
     let closure = quote_spanned!(result_span=>
@@ -131,12 +132,21 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what `run` requires of the connection (an
     // async connection, a supported backend) is reported there.
-    let borrow = connection_borrow(&krate, &conn, connection_type(&function.sig, &conn));
+    let connection = Hidden::of(&conn);
+    connection.rename_in(&mut function.sig);
+    let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
+    let renamed = Renamed { connection, moved };
+    let (encode, mode, fingerprint) = (
+        renamed.reach(encode),
+        renamed.reach(mode),
+        renamed.reach(fingerprint),
+    );
     let run = if let Some(batch) = &batch {
+        Hidden::of(&batch.messages).rename_in(&mut function.sig);
         batch::expand_run(
             batch,
             &krate,
-            &conn,
+            &renamed,
             &borrow,
             &registration,
             &error_type,
@@ -201,6 +211,78 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     quote!(#function)
 }
 
+/// A parameter the body sees under its own name through a binding of the closure's
+/// (the connection, the batch, a `&mut` borrow moved in): in the signature it is
+/// renamed apart, with the expansion's hygiene, at its own place. The closure's binding
+/// then shadows none of the user's, which `clippy::shadow_unrelated` would report, and
+/// rustdoc still shows the name as written.
+pub(crate) struct Hidden {
+    /// The name as written, which the user's expressions use; placed where the
+    /// parameter is.
+    pub(crate) visible: Ident,
+    /// The signature's binding, which only the expansion can name.
+    pub(crate) hidden: Ident,
+}
+
+impl Hidden {
+    pub(crate) fn of(parameter: &Ident) -> Self {
+        let mut hidden = parameter.clone();
+        hidden.set_span(Span::mixed_site().located_at(parameter.span()));
+        Self {
+            visible: parameter.clone(),
+            hidden,
+        }
+    }
+
+    /// Renames the parameter apart in the signature (each, if `#[cfg]` gives several).
+    fn rename_in(&self, sig: &mut Signature) {
+        for input in &mut sig.inputs {
+            if let FnArg::Typed(typed) = input {
+                match typed.pat.as_mut() {
+                    Pat::Ident(pat) if pat.ident == self.visible => pat.ident = self.hidden.clone(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// `expression`, evaluated where the signature's binding is visible under its name
+    /// as written, if it mentions that name: `key`, `fast_path` and `fingerprint` may
+    /// use the connection. In a block of its own, so that the closure's parameter does
+    /// not shadow the binding. The binding is a `&mut` borrow, reborrowed here.
+    fn reach(&self, expression: TokenStream) -> TokenStream {
+        if !mentioned_names(expression.clone()).contains(&self.visible.to_string()) {
+            return expression;
+        }
+        let Self { visible, hidden } = self;
+        quote!({
+            let #visible = &mut *#hidden;
+            #expression
+        })
+    }
+}
+
+/// The parameters renamed apart that expressions evaluated before the body (`key`,
+/// `fast_path`, `fingerprint`, `lease`) may name: the connection, and the `&mut`
+/// borrows the body takes.
+pub(crate) struct Renamed {
+    pub(crate) connection: Hidden,
+    moved: Vec<Hidden>,
+}
+
+impl Renamed {
+    /// `expression`, where each of these parameters it names is visible under its name
+    /// as written.
+    pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
+        self.moved
+            .iter()
+            .chain([&self.connection])
+            .fold(expression, |expression, parameter| {
+                parameter.reach(expression)
+            })
+    }
+}
+
 /// `-> (Result<Outcome<T>, E>)`: the parentheses at the expansion's place, the type
 /// inside them from the declared type's first token to its last. rustc drops the
 /// parentheses, and a suggestion around the return type, such as
@@ -221,8 +303,13 @@ fn claim_policy(krate: &syn::Path, settings: &ClaimSettings) -> TokenStream {
         None => quote!(::core::option::Option::None),
         Some(lease) => {
             let bound = format_ident!("__inbox_lease", span = Span::mixed_site());
+            // The type at the lease, but with the expansion's hygiene: with the lease's,
+            // `clippy::absolute_paths` would take the expansion's path for the user's.
+            let duration = quote_spanned!(
+                Span::call_site().located_at(lease.span())=> ::core::time::Duration
+            );
             let binding = quote_spanned!(lease.span()=>
-                let #bound: ::core::time::Duration = #lease;
+                let #bound: #duration = #lease;
             );
             quote!({ #binding ::core::option::Option::Some(#bound) })
         }
@@ -250,11 +337,15 @@ fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
 /// spanned there: a connection taken by value is then reported at that type, where
 /// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
 /// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).
-fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> TokenStream {
+fn connection_borrow(krate: &syn::Path, connection: &Hidden, ty: Option<&Type>) -> TokenStream {
+    let Hidden {
+        visible: conn,
+        hidden,
+    } = connection;
     match ty.map(ungroup) {
         Some(Type::Reference(reference)) if reference.mutability.is_some() => {
             let krate = at(krate, conn.span());
-            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#conn))
+            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#hidden))
         }
         Some(ty) => {
             // Every token at one place, so that the bound's two checks (the path's and
@@ -263,7 +354,7 @@ fn connection_borrow(krate: &syn::Path, conn: &Ident, ty: Option<&Type>) -> Toke
             let ty = respanned(quote!(#ty), span);
             let krate = at(krate, span);
             quote_spanned!(span=>
-                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#conn)
+                <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#hidden)
             )
         }
         None => unreachable!("validation found the connection parameter"),
@@ -297,13 +388,13 @@ fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// Moves a `mut` from the connection parameter to the closure's parameter, which is
-/// the binding the body reassigns; left on the handler's parameter, it would be unused
-/// there and rustc would suggest `mut mut conn`.
-fn take_connection_mut(sig: &mut Signature, conn: &Ident) -> Option<Token![mut]> {
+/// Moves a `mut` from the connection or batch parameter to the closure's parameter of
+/// that name, which is the binding the body reassigns or mutates; left on the handler's
+/// parameter, it would be unused there and rustc would suggest `mut mut conn`.
+fn take_mut(sig: &mut Signature, parameter: &Ident) -> Option<Token![mut]> {
     sig.inputs.iter_mut().find_map(|input| match input {
         FnArg::Typed(typed) => match typed.pat.as_mut() {
-            Pat::Ident(pat) if pat.ident == *conn => pat.mutability.take(),
+            Pat::Ident(pat) if pat.ident == *parameter => pat.mutability.take(),
             _ => None,
         },
         FnArg::Receiver(_) => None,
@@ -364,7 +455,7 @@ fn consumer_claim(consumer: &LitStr) -> TokenStream {
     // In a module of its own: `non_local_definitions` checks the items of a function's
     // body, but not those of a module inside it, so the claim needs no `allow`, which a
     // user's `forbid` would reject (E0453).
-    let module = Ident::new("__inbox_consumer_claim", Span::mixed_site());
+    let module = Ident::new(REWRITTEN_MARK, Span::mixed_site());
     quote_spanned! {consumer.span()=>
         mod #module {
             #[doc(hidden)]
@@ -414,15 +505,17 @@ fn encode_consumer(consumer: &str) -> String {
 /// is known to be by value: the whole parameter, or a name inside a tuple pattern of a
 /// tuple type. Others are borrowed only if already `mut` (a `ref` binding is a reference
 /// already). Returns one `let _ = &mut name;` per binding, under the parameter's `cfg`,
-/// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind.
+/// and for a `&self` or `&mut self` receiver a borrow of `*self` of the same kind; a
+/// `&mut` parameter is moved in instead, and returned among the renamed.
 fn borrow_parameters(
     sig: &mut Signature,
     conn: &Ident,
     messages: Option<&Ident>,
     body: &syn::Block,
-) -> Vec<TokenStream> {
+) -> (Vec<TokenStream>, Vec<Hidden>) {
     let mentioned = mentioned_names(quote!(#body));
     let mut borrows = Vec::new();
+    let mut moved = Vec::new();
     for input in &mut sig.inputs {
         match input {
             FnArg::Receiver(receiver) => {
@@ -451,6 +544,32 @@ fn borrow_parameters(
                     .iter()
                     .filter(|attr| attr.path().is_ident("cfg"));
                 let cfg = quote!(#(#cfg)*);
+                // A `&mut` borrow moves into the body, as into a plain `async fn`'s
+                // future: the body can then return a borrow through it for its whole
+                // lifetime (`-> Result<&'a mut u64, E>`), which a borrow of the
+                // handler's binding cannot give. Renamed apart in the signature, like
+                // the connection, so that the body's binding shadows nothing.
+                let mutable_borrow = matches!(
+                    ungroup(&typed.ty),
+                    Type::Reference(reference) if reference.mutability.is_some()
+                );
+                let pat = match typed.pat.as_mut() {
+                    Pat::Ident(pat) if mutable_borrow => Some(pat),
+                    _ => None,
+                };
+                if let Some(pat) = pat.filter(|pat| {
+                    pat.by_ref.is_none()
+                        && pat.subpat.is_none()
+                        && mentioned.contains(&pat.ident.to_string())
+                }) {
+                    let parameter = Hidden::of(&pat.ident);
+                    let mutability = pat.mutability.take();
+                    pat.ident = parameter.hidden.clone();
+                    let Hidden { visible, hidden } = &parameter;
+                    borrows.push(quote!(#cfg let #mutability #visible = #hidden;));
+                    moved.push(parameter);
+                    continue;
+                }
                 let mut names = Vec::new();
                 bindings(&mut typed.pat, Some(&typed.ty), &mentioned, &mut names);
                 borrows.extend(
@@ -461,7 +580,7 @@ fn borrow_parameters(
             }
         }
     }
-    borrows
+    (borrows, moved)
 }
 
 /// The by-value bindings of `pat` that can be borrowed mutably, adding `mut` where the

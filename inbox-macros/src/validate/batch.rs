@@ -3,18 +3,19 @@
 //! transaction, over those that are new. Everything both forms share is checked in the
 //! parent module.
 
-use syn::{Expr, FnArg, Ident, ItemFn, Pat};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, Token};
 
-use crate::diagnostics::Errors;
+use crate::diagnostics::{Errors, not_a_parameter};
 
 /// What the batch form adds to a handler that passed every check.
 pub(crate) struct Batch {
     /// The parameter holding the messages; the body sees, under the same name, the new
     /// ones.
     pub(crate) messages: Ident,
-    /// `key = |input| body`: the key of one message.
-    pub(crate) key_input: Pat,
-    pub(crate) key_body: Expr,
+    /// `key = …`: a closure or the path of a function, from one message to its key. A
+    /// closure's `move` is taken off, into `capture`.
+    pub(crate) key: Expr,
+    pub(crate) capture: Option<Token![move]>,
 }
 
 /// Arguments that do not combine with `batch`, and why.
@@ -52,28 +53,27 @@ pub(crate) fn validate(
     }
     let messages = messages_parameter(messages, function, errors);
     let key = key.and_then(|key| match key {
-        Expr::Closure(closure)
-            if closure.inputs.len() == 1
-                && closure.asyncness.is_none()
-                && closure.capture.is_none()
-                && matches!(closure.output, syn::ReturnType::Default) =>
-        {
-            Some((closure.inputs[0].clone(), (*closure.body).clone()))
+        Expr::Closure(closure) if closure.inputs.len() == 1 && closure.asyncness.is_none() => {
+            let mut closure = closure.clone();
+            let capture = closure.capture.take();
+            Some((Expr::Closure(closure), capture))
         }
+        Expr::Path(_) => Some((key.clone(), None)),
         other => {
             errors.spanned(
                 other,
                 "with `batch`, `key` is a closure from one message to its key, such as \
-                 `key = |msg| msg.message_id`",
+                 `key = |msg| msg.message_id`, or a function's path, such as \
+                 `key = Msg::key`",
             );
             None
         }
     });
-    let (key_input, key_body) = key?;
+    let (key, capture) = key?;
     Some(Batch {
         messages: messages?,
-        key_input,
-        key_body,
+        key,
+        capture,
     })
 }
 
@@ -99,7 +99,7 @@ fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> O
         FnArg::Receiver(_) => None,
     });
     if parameter.is_none() {
-        errors.spanned(name, format!("`{name}` is not a parameter of this handler"));
+        errors.spanned(name, not_a_parameter("batch", name, function));
     }
     parameter
 }

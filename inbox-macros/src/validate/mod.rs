@@ -1,15 +1,16 @@
 //! Checking the arguments and the handler, collecting every mistake before reporting.
 
-use proc_macro2::{Punct, TokenStream, TokenTree};
+use proc_macro2::{Punct, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
-    Attribute, Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitStr, Pat, Path,
+    Expr, ExprLit, FnArg, GenericArgument, Ident, ItemFn, Lit, LitInt, LitStr, Pat, Path,
     PathArguments, PathSegment, ReturnType, Type, parse_quote, parse_quote_spanned,
 };
 
 use crate::args::{ARGUMENTS, Argument, Arguments};
-use crate::diagnostics::{Errors, at, ungroup};
+use crate::diagnostics::{Errors, REWRITTEN_MARK, at, not_a_parameter, ungroup};
+use crate::manifest::Dependencies;
 
 pub(crate) mod batch;
 
@@ -40,7 +41,7 @@ pub(crate) struct Handler {
 pub(crate) struct ClaimSettings {
     /// `None` for the runtime's default lease.
     pub(crate) lease: Option<Expr>,
-    pub(crate) max_attempts: Option<syn::LitInt>,
+    pub(crate) max_attempts: Option<LitInt>,
     /// `true` unless `takeover = false`.
     pub(crate) takeover: bool,
 }
@@ -55,26 +56,26 @@ pub(crate) struct Rejected {
     pub(crate) uses: Vec<Expr>,
 }
 
-/// Removes any further `#[idempotent]` from the handler's attributes, with an error at
-/// each: the attribute receives the item with the attributes written after it.
-pub(crate) fn repeated_attribute(attrs: &mut Vec<Attribute>) -> Option<syn::Error> {
-    let mut errors = Errors::default();
-    attrs.retain(|attr| {
-        let repeated = attr
-            .path()
-            .segments
-            .last()
-            .is_some_and(|last| last.ident == "idempotent");
-        if repeated {
-            errors.spanned(
-                attr,
-                "`#[idempotent]` is already applied above: a handler runs in one transaction, \
-                 under one consumer; remove this one",
-            );
-        }
-        !repeated
-    });
-    errors.into_error()
+/// An error at this attribute if the handler is already rewritten, by an
+/// `#[idempotent]` above it under any name (`use diesel_inbox::idempotent as once`): a
+/// second rewrite would nest its transaction inside the first one's and register a
+/// second consumer. Another crate's attribute that happens to be named `idempotent` is
+/// none of ours, and is left alone.
+pub(crate) fn already_rewritten(function: &ItemFn) -> Option<syn::Error> {
+    fn mentions_mark(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            TokenTree::Ident(ident) => ident == REWRITTEN_MARK,
+            TokenTree::Group(group) => mentions_mark(group.stream()),
+            _ => false,
+        })
+    }
+    mentions_mark(function.block.to_token_stream()).then(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "`#[idempotent]` is applied twice to this handler, here and in an attribute \
+             above: a handler runs in one transaction, under one consumer; remove one",
+        )
+    })
 }
 
 pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Rejected> {
@@ -154,6 +155,12 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         },
         &mut errors,
     );
+    let messages = batch
+        .as_ref()
+        .and_then(|messages| match ungroup_expr(messages) {
+            Expr::Path(path) => path.path.get_ident().cloned(),
+            _ => None,
+        });
     let batch = batch
         .map(|messages| batch::validate(&messages, key.as_ref(), &written, function, &mut errors));
     // A batch's key is a closure, which a rejected handler cannot name without types.
@@ -193,9 +200,10 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         }
     });
 
+    let dependencies = Dependencies::of_crate();
     let krate = match krate {
-        None => Some(default_crate()),
-        Some(value) => crate_path(&value, &mut errors),
+        None => default_crate(dependencies.as_ref(), &mut errors),
+        Some(value) => crate_path(&value, dependencies.as_ref(), &mut errors),
     };
 
     let signature = &function.sig;
@@ -232,16 +240,19 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
     let result = result_types(
         &signature.output,
         // An invalid `crate` is already reported; the alias projections need some path.
-        krate.as_ref().unwrap_or(&default_crate()),
+        krate.as_ref().unwrap_or(&default_path()),
         &mut errors,
     );
-    let conn = connection_parameter(conn, function, &mut errors);
+    let conn = connection_parameter(conn, messages.as_ref(), function, &mut errors);
     if let Some(conn) = &conn {
         connection_lifetime_unnamed(conn, function, &mut errors);
         connection_not_opaque(conn, function, &mut errors);
     }
 
-    let uses = uses();
+    // The expansion passes the connection to `run`, so a body that never names it (most
+    // claim bodies) is not reported for it either.
+    let mut uses = uses();
+    uses.extend(conn.iter().map(|conn| parse_quote!(#conn)));
     match (
         errors.into_error(),
         consumer,
@@ -335,21 +346,23 @@ fn claim_settings(
              insert finds an existing marker, and reads it, in one step",
         );
     }
-    let max_attempts = arguments
-        .max_attempts
-        .and_then(|value| match ungroup_expr(value) {
+    let max_attempts = arguments.max_attempts.and_then(|value| {
+        let max = match ungroup_expr(value) {
             Expr::Lit(ExprLit {
                 lit: Lit::Int(int), ..
-            }) if int.base10_parse::<u32>().is_ok_and(|max| max >= 1) => Some(int.clone()),
-            _ => {
-                errors.spanned(
-                    value,
-                    "`max_attempts` takes an integer literal from 1 to 4294967295, such as \
-                     `max_attempts = 5`",
-                );
-                None
-            }
-        });
+            }) => int.base10_parse::<u32>().ok().filter(|max| *max >= 1),
+            _ => None,
+        };
+        if max.is_none() {
+            errors.spanned(
+                value,
+                "`max_attempts` takes an integer literal from 1 to 4294967295, such as \
+                 `max_attempts = 5`",
+            );
+        }
+        // Unsuffixed, at the literal: `3u8` means three, and `ClaimPolicy` takes a `u32`.
+        max.map(|max| LitInt::new(&max.to_string(), value.span()))
+    });
     let takeover = match arguments.takeover.map(ungroup_expr) {
         None => true,
         Some(Expr::Lit(ExprLit {
@@ -413,33 +426,80 @@ fn consumer_name(value: &Expr, errors: &mut Errors) -> Option<LitStr> {
 }
 
 /// Where diesel-inbox is without `crate = …`.
-fn default_crate() -> Path {
+fn default_path() -> Path {
     parse_quote!(::diesel_inbox)
+}
+
+/// `::diesel_inbox`, unless Cargo.toml renames the dependency: then every path of the
+/// expansion would fail on its own, so the rename is reported once, with the argument
+/// to add.
+fn default_crate(dependencies: Option<&Dependencies>, errors: &mut Errors) -> Option<Path> {
+    match dependencies.and_then(Dependencies::diesel_inbox) {
+        Some(renamed) if renamed != "diesel_inbox" => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "diesel-inbox is a dependency of this crate under the name `{renamed}` \
+                     (`package = \"diesel-inbox\"` in Cargo.toml): add `crate = ::{renamed}` \
+                     to the arguments, the path the generated code then names it by"
+                ),
+            ));
+            None
+        }
+        _ => Some(default_path()),
+    }
 }
 
 /// `crate = path`, or serde's and tokio's string form `crate = "path"`: where a renamed
 /// dependency (`::inbox`) or a facade's re-export (`my_facade::inbox`) puts diesel-inbox.
-fn crate_path(value: &Expr, errors: &mut Errors) -> Option<Path> {
+fn crate_path(
+    value: &Expr,
+    dependencies: Option<&Dependencies>,
+    errors: &mut Errors,
+) -> Option<Path> {
     let message = "`crate` takes the path diesel-inbox is reachable at, such as \
                    `crate = ::inbox` for a renamed dependency or `crate = my_facade::inbox` \
                    for a re-export";
-    match ungroup_expr(value) {
-        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
-            Some(path.path.clone())
-        }
+    let path = match ungroup_expr(value) {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => path.path.clone(),
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
         }) => match lit.parse::<Path>() {
-            Ok(path) => Some(path),
+            Ok(path) => path,
             Err(_) => {
                 errors.spanned(lit, message);
-                None
+                return None;
             }
         },
         other => {
             errors.spanned(other, message);
-            None
+            return None;
         }
+    };
+    misspelt_dependency(&path, dependencies?, errors);
+    Some(path)
+}
+
+/// `crate = ::inboxx` for the dependency `inbox`: reported once, at the name, rather
+/// than at every path of the expansion. Only a name close to diesel-inbox's own is
+/// taken for a typo: `::name` may also be an `extern crate … as name` of the crate's.
+fn misspelt_dependency(path: &Path, dependencies: &Dependencies, errors: &mut Errors) {
+    let (Some(_), Some(first), Some(dependency)) = (
+        path.leading_colon,
+        path.segments.first(),
+        dependencies.diesel_inbox(),
+    ) else {
+        return;
+    };
+    let written = first.ident.to_string();
+    if !dependencies.contains(&written) && edit_distance(&written, dependency) <= 2 {
+        errors.spanned(
+            &first.ident,
+            format!(
+                "no dependency named `{written}`: diesel-inbox is `{dependency}` in Cargo.toml; \
+                 write `crate = ::{dependency}`"
+            ),
+        );
     }
 }
 
@@ -561,6 +621,7 @@ fn written_result(last: &PathSegment) -> Option<(Type, Type)> {
 /// a candidate next to one that exists in all of them.
 fn connection_parameter(
     named: Option<Ident>,
+    messages: Option<&Ident>,
     function: &ItemFn,
     errors: &mut Errors,
 ) -> Option<Ident> {
@@ -574,19 +635,21 @@ fn connection_parameter(
         })
     };
     if let Some(named) = named {
-        if typed().any(|(ident, _)| *ident == named) {
-            return Some(named);
+        // The signature's own identifier: `conn = $c` from a `macro_rules!` caller
+        // carries the caller's hygiene, while the body names the parameter as the
+        // signature does.
+        if let Some((ident, _)) = typed().find(|(ident, _)| **ident == named) {
+            return Some(ident.clone());
         }
-        errors.spanned(
-            &named,
-            format!("`{named}` is not a parameter of this handler"),
-        );
+        errors.spanned(&named, not_a_parameter("conn", &named, function));
         return None;
     }
     if let Some((ident, _)) = typed().find(|(ident, _)| *ident == "conn") {
         return Some(ident.clone());
     }
     let mutable: Vec<(&Ident, bool)> = typed()
+        // The batch's messages may be a `&mut [M]`: never the connection.
+        .filter(|(ident, _)| messages != Some(*ident))
         .filter(|(_, typed)| {
             matches!(ungroup(&typed.ty), Type::Reference(reference) if reference.mutability.is_some())
         })
