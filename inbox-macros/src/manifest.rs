@@ -28,7 +28,13 @@ impl Dependencies {
         let mut dependencies = Vec::new();
         // In `[…dependencies]`: `None`; in `[…dependencies.name]`: that name.
         let mut table: Option<Option<String>> = None;
-        for line in text.lines().map(str::trim) {
+        // A commented-out dependency is not one: taken for a rename, it would fail the
+        // build.
+        let lines = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.starts_with('#'));
+        for line in lines {
             if let Some(header) = line.strip_prefix('[') {
                 let header = header.trim_end_matches(']').trim();
                 table = dependency_table(header);
