@@ -8,7 +8,7 @@ handler's future size. Run from anywhere in the workspace:
 
     python3 scripts/compile-cost.py            # 50 handlers, 3 rounds
     python3 scripts/compile-cost.py --handlers 200 --rounds 5
-    python3 scripts/compile-cost.py --form batch
+    python3 scripts/compile-cost.py --form batch      # or --form claim
 
 The crates live in a temporary directory (kept with --keep), with a target directory
 of their own so that nothing of the workspace's builds is touched.
@@ -58,6 +58,17 @@ pub struct Msg {
 FORMS = {
     "transaction": (
         "key = msg.id",
+        "msg: &Msg",
+        """\
+    diesel::sql_query("UPDATE counters SET n = n + 1 WHERE id = ?")
+        .bind::<BigInt, _>(msg.id)
+        .execute(conn)
+        .await?;
+    Ok(())
+""",
+    ),
+    "claim": (
+        "key = msg.id, claim",
         "msg: &Msg",
         """\
     diesel::sql_query("UPDATE counters SET n = n + 1 WHERE id = ?")

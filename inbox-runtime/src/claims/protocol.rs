@@ -65,19 +65,23 @@ impl ClaimPolicy {
     }
 }
 
-/// How a claim-mode delivery ended.
-enum Settled<T, E> {
-    Processed(T),
+/// Why the body does not run for this delivery.
+enum NotRun {
     Duplicate,
     InProgress(Option<Duration>),
-    Handler(E),
     Database(Error),
 }
 
-impl<T, E> From<Error> for Settled<T, E> {
+impl From<Error> for NotRun {
     fn from(error: Error) -> Self {
         Self::Database(error)
     }
+}
+
+/// A claim this delivery holds, with the lease the body needs left on it.
+struct Held {
+    claim: Claim,
+    key: ClaimKey,
 }
 
 /// Runs `body` under a claim on (`message_id`, `consumer`): at most one delivery at a
@@ -99,22 +103,37 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
+    // As in the transactional mode: only what depends on the body's types is written
+    // here; claiming and settling are generic over the connection alone, and boxed.
     let registration = handler.registration;
     let span = report::delivery_span(registration, message_id.as_deref().ok(), "claim", false);
     let started = Instant::now();
-    let settled = claim_and_run(
-        conn,
-        registration.consumer,
-        message_id,
-        policy,
-        fingerprint,
-        body,
-    )
-    .instrument(span.clone())
-    .await;
-    let (result, outcome) = match settled {
-        Settled::Processed(value) => (Ok(Outcome::Processed(value)), "processed"),
-        Settled::Duplicate => {
+    let claimed = Box::pin(
+        claim(conn, registration.consumer, message_id, policy, fingerprint)
+            .instrument(span.clone()),
+    );
+    let (result, outcome) = match claimed.await {
+        Ok(held) => {
+            let ran = held
+                .claim
+                .clone()
+                .scope(body(&mut *conn))
+                .instrument(span.clone())
+                .await;
+            let settled = Box::pin(settle(conn, held, ran.is_ok()).instrument(span.clone()));
+            match (ran, settled.await) {
+                (Ok(value), Ok(())) => (Ok(Outcome::Processed(value)), "processed"),
+                (Err(error), Ok(())) => {
+                    report::handler_error(&span, (error_type.database_class)(&error));
+                    (Err(error), "handler_error")
+                }
+                (_, Err(error)) => {
+                    not_completed(&span, &error);
+                    (Err((error_type.from_diesel)(error)), "database_error")
+                }
+            }
+        }
+        Err(NotRun::Duplicate) => {
             tracing::debug!(
                 target: "diesel_inbox",
                 parent: &span,
@@ -122,7 +141,7 @@ where
             );
             (Ok(Outcome::Duplicate), "duplicate")
         }
-        Settled::InProgress(lease_remaining) => {
+        Err(NotRun::InProgress(lease_remaining)) => {
             tracing::debug!(
                 target: "diesel_inbox",
                 parent: &span,
@@ -131,18 +150,8 @@ where
             );
             (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
         }
-        Settled::Handler(error) => {
-            report::handler_error(&span, (error_type.database_class)(&error));
-            (Err(error), "handler_error")
-        }
-        Settled::Database(error) => {
-            span.record("error.type", tracing::field::debug(classify(&error)));
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                error = %error,
-                "the claim was not completed"
-            );
+        Err(NotRun::Database(error)) => {
+            not_completed(&span, &error);
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -150,131 +159,119 @@ where
     result
 }
 
-async fn claim_and_run<C, T, E, F>(
+/// Records a database error that ended the delivery on its span.
+fn not_completed(span: &tracing::Span, error: &Error) {
+    span.record("error.type", tracing::field::debug(classify(error)));
+    tracing::debug!(
+        target: "diesel_inbox",
+        parent: span,
+        error = %error,
+        "the claim was not completed"
+    );
+}
+
+/// Everything before the body: the key and lease checked, the key claimed (or a claim
+/// nobody holds taken over), and enough of the lease left for the body.
+async fn claim<C>(
     conn: &mut C,
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
     policy: ClaimPolicy,
     fingerprint: Option<Fingerprint>,
-    body: F,
-) -> Settled<T, E>
+) -> Result<Held, NotRun>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    let message_id = message_id.and_then(|message_id| {
-        C::Backend::check_storable(&message_id)?;
-        Ok(message_id)
-    });
-    let key = match message_id {
-        Ok(message_id) => ClaimKey {
-            message_id,
-            consumer: consumer.to_owned(),
-        },
-        Err(invalid) => return Settled::Database(invalid.into()),
+    let message_id = message_id.map_err(Error::from)?;
+    C::Backend::check_storable(&message_id).map_err(Error::from)?;
+    let key = ClaimKey {
+        message_id,
+        consumer: consumer.to_owned(),
     };
     if policy.lease < Duration::from_millis(1) || policy.lease > LONGEST_LEASE {
-        return Settled::Database(
-            ClaimError::InvalidLease {
-                lease: policy.lease,
-            }
-            .into(),
-        );
+        let invalid = ClaimError::InvalidLease {
+            lease: policy.lease,
+        };
+        return Err(NotRun::Database(invalid.into()));
     }
     // Each claim statement must commit on its own, before the body's external call.
-    if let Err(error) = enclosing_transaction(conn) {
-        return Settled::Database(error);
-    }
-    acquire_and_run(conn, consumer, key, policy, fingerprint, body).await
+    enclosing_transaction(conn)?;
+    let (claim, sent) = match acquire(conn, consumer, &key, policy, fingerprint).await? {
+        Acquired::Held(claim, sent) => (claim, sent),
+        Acquired::NotRun(not_run) => return Err(not_run),
+    };
+    keep_lease_for_the_body(conn, &claim, sent).await?;
+    tracing::Span::current().record("inbox.attempt", claim.attempt);
+    Ok(Held { claim, key })
 }
 
-/// Claims the key, runs the body if this delivery holds the claim, and completes or
-/// releases it.
-async fn acquire_and_run<C, T, E, F>(
-    conn: &mut C,
-    consumer: &'static str,
-    key: ClaimKey,
-    policy: ClaimPolicy,
-    fingerprint: Option<Fingerprint>,
-    body: F,
-) -> Settled<T, E>
+/// Everything after the body: completes the claim when the body `succeeded`, releases
+/// it otherwise so that the next delivery runs at once. `Err` is a database error that
+/// replaces the body's result.
+async fn settle<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    let (claim, sent) = match acquire(conn, consumer, &key, policy, fingerprint).await {
-        Ok(Acquired::Held(claim, sent)) => (claim, sent),
-        Ok(Acquired::Settled(settled)) => return settled,
-        Err(error) => return Settled::Database(error),
-    };
-    if let Err(settled) = keep_lease_for_the_body(conn, &claim, sent).await {
-        return settled;
-    }
-    tracing::Span::current().record("inbox.attempt", claim.attempt);
+    let Held { claim, key } = held;
     let token = claim.token.to_string();
     let attempt = claim.attempt;
-    let settling = claim.clone();
-    let ran = claim.scope(body(&mut *conn)).await;
     // A completion or release sent into a transaction the body left open would commit
     // only with that transaction.
-    if let Err(left_open) = settling.outside_a_transaction(conn) {
+    if let Err(left_open) = claim.outside_a_transaction(conn) {
         tracing::warn!(
             target: "diesel_inbox",
-            { inbox.attempt = attempt, body_failed = ran.is_err() },
+            { inbox.attempt = attempt, body_failed = !succeeded },
             "the body left its connection inside a transaction: the claim stays held \
              until its lease ends"
         );
-        return Settled::Database(left_open);
+        return Err(left_open);
     }
-    match ran {
-        Ok(value) => match C::Backend::complete(conn, key, token).await {
-            Ok(true) => Settled::Processed(value),
-            Ok(false) => {
+    if succeeded {
+        return match C::Backend::complete(conn, key, token).await? {
+            true => Ok(()),
+            false => {
                 tracing::warn!(
                     target: "diesel_inbox",
                     { inbox.attempt = attempt },
                     "the body outlived its claim's lease and the claim was taken over: \
                      not completed by this delivery"
                 );
-                Settled::Database(ClaimError::Lost { attempt }.into())
+                Err(ClaimError::Lost { attempt }.into())
             }
-            Err(error) => Settled::Database(error),
-        },
-        Err(error) => {
-            // Released so that the next delivery runs at once; should that fail, the
-            // lease ends and the claim is taken over then. The body's error says more.
-            if let Err(release) = C::Backend::release(conn, key, token).await {
-                tracing::warn!(
-                    target: "diesel_inbox",
-                    error = %release,
-                    "could not release the claim after the body failed"
-                );
-            }
-            Settled::Handler(error)
-        }
+        };
     }
+    // Should the release fail, the lease ends and the claim is taken over then. The
+    // body's error says more.
+    if let Err(release) = C::Backend::release(conn, key, token).await {
+        tracing::warn!(
+            target: "diesel_inbox",
+            error = %release,
+            "could not release the claim after the body failed"
+        );
+    }
+    Ok(())
 }
 
 /// What the claim step found.
-enum Acquired<T, E> {
+enum Acquired {
     /// This delivery holds the claim and runs the body; the statement that claimed it
     /// was sent at the instant given, before its lease began.
     Held(Claim, Instant),
-    /// It does not: a duplicate, in progress elsewhere, or refused.
-    Settled(Settled<T, E>),
+    /// It does not: a duplicate, or in progress elsewhere.
+    NotRun(NotRun),
 }
 
 /// Claims the key, or takes over a claim nobody holds, or says why the body must not
 /// run.
-async fn acquire<C, T, E>(
+async fn acquire<C>(
     conn: &mut C,
     consumer: &'static str,
     key: &ClaimKey,
     policy: ClaimPolicy,
     fingerprint: Option<Fingerprint>,
-) -> Result<Acquired<T, E>, Error>
+) -> Result<Acquired, Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -323,7 +320,7 @@ where
             judged = judge(&found, policy);
         }
         match judged {
-            Judged::Settled(settled) => return Ok(Acquired::Settled(settled)),
+            Judged::NotRun(not_run) => return Ok(Acquired::NotRun(not_run)),
             Judged::Refused(refusal) => return Err(refusal.into()),
             Judged::Takeable => {}
         }
@@ -338,29 +335,29 @@ where
         }
         // Another delivery took it over first: read it again.
     }
-    Ok(Acquired::Settled(Settled::InProgress(None)))
+    Ok(Acquired::NotRun(NotRun::InProgress(None)))
 }
 
 /// What a claim another delivery made means for this one.
-enum Judged<T, E> {
+enum Judged {
     /// Completed, or live: the body does not run here.
-    Settled(Settled<T, E>),
+    NotRun(NotRun),
     /// The body must not run again without a person.
     Refused(ClaimError),
     /// Nobody holds it: take it over.
     Takeable,
 }
 
-fn judge<T, E>(found: &ClaimRow, policy: ClaimPolicy) -> Judged<T, E> {
+fn judge(found: &ClaimRow, policy: ClaimPolicy) -> Judged {
     if found.completed {
-        return Judged::Settled(Settled::Duplicate);
+        return Judged::NotRun(NotRun::Duplicate);
     }
     if found.live {
         let remaining = found
             .lease_remaining_micros
             .and_then(|micros| u64::try_from(micros).ok())
             .map(Duration::from_micros);
-        return Judged::Settled(Settled::InProgress(remaining));
+        return Judged::NotRun(NotRun::InProgress(remaining));
     }
     let attempts = u32::try_from(found.attempts).unwrap_or(0);
     if policy.max_attempts.is_some_and(|max| attempts >= max) {
@@ -380,11 +377,11 @@ fn judge<T, E>(found: &ClaimRow, policy: ClaimPolicy) -> Judged<T, E> {
 /// out a dead peer) can use it up, and another delivery could then take the claim over
 /// while the body runs. Such a claim is renewed, until a renewal itself commits in
 /// time; one taken over meanwhile is in progress elsewhere.
-async fn keep_lease_for_the_body<C, T, E>(
+async fn keep_lease_for_the_body<C>(
     conn: &mut C,
     claim: &Claim,
     mut sent: Instant,
-) -> Result<(), Settled<T, E>>
+) -> Result<(), NotRun>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -399,7 +396,7 @@ where
             let used_up = ClaimError::LeaseUsedUp {
                 attempt: claim.attempt,
             };
-            return Err(Settled::Database(used_up.into()));
+            return Err(NotRun::Database(used_up.into()));
         }
         tracing::warn!(
             target: "diesel_inbox",
@@ -409,8 +406,8 @@ where
         sent = Instant::now();
         if let Err(error) = claim.renew(conn).await {
             return Err(match InboxError::find(&error) {
-                Some(InboxError::Claim(ClaimError::Lost { .. })) => Settled::InProgress(None),
-                _ => Settled::Database(error),
+                Some(InboxError::Claim(ClaimError::Lost { .. })) => NotRun::InProgress(None),
+                _ => NotRun::Database(error),
             });
         }
         renewals += 1;
