@@ -92,13 +92,13 @@ use quote::ToTokens;
 ///   call of `diesel_inbox::__private::run_batch` in place of `run`.
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
-///   `::diesel_inbox`. For a renamed dependency
-///   (`inbox = { package = "diesel-inbox", … }`) write `crate = ::inbox`; for a crate
-///   that re-exports diesel-inbox, the path of the re-export, such as
+///   `::diesel_inbox`, or the name Cargo.toml gives a renamed dependency
+///   (`inbox = { package = "diesel-inbox", … }` gives `::inbox`). For a crate that
+///   re-exports diesel-inbox, write the path of the re-export, such as
 ///   `crate = my_facade::inbox`. serde's and tokio's string form, `crate = "::inbox"`,
-///   is accepted too. Every path of the expansion goes through it. A dependency renamed
-///   in Cargo.toml without `crate = …`, or a `crate = ::name` one or two letters off
-///   the dependency's name, is reported once, at the attribute, with the path to write.
+///   is accepted too. Every path of the expansion goes through it. A `crate = ::name`
+///   one or two letters off the dependency's name is reported once, at the name, with
+///   the path to write.
 ///
 /// # Examples
 ///
@@ -255,8 +255,7 @@ use quote::ToTokens;
 /// without `claim`, and `fast_path` with it; a `max_attempts` that is not an integer
 /// literal of at least 1, a `takeover` that is not `true` or `false`, a `lease` that is
 /// not a `Duration` (at the lease); a `crate` that
-/// is not a path, or a dependency renamed without `crate` or misspelt in it (read from
-/// Cargo.toml); a consumer that is not a string literal, is empty, longer than 200
+/// is not a path, or that misspells the dependency's name (read from Cargo.toml); a consumer that is not a string literal, is empty, longer than 200
 /// bytes, outside the character set, or already used by another handler of the crate
 /// (E0428, naming `diesel_inbox_consumer_used_twice__<consumer>`); `batch` naming no
 /// parameter, or a parameter that is no slice, `Vec` or array (at the parameter), a

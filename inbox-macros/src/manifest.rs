@@ -1,7 +1,7 @@
 //! The user's `Cargo.toml`, read for one fact: the name diesel-inbox is a dependency
-//! under. Without `crate = …`, a renamed dependency (`inbox = { package = "diesel-inbox" }`)
-//! would leave every path of the expansion unresolved, each reported on its own; knowing
-//! the name, the attribute reports it once and says what to write.
+//! under. A renamed dependency (`inbox = { package = "diesel-inbox" }`) is then found
+//! without `crate = …`, and a misspelt `crate = ::inboxx` reported once, with the name
+//! to write, rather than at every path of the expansion.
 
 use std::path::Path;
 
@@ -28,8 +28,8 @@ impl Dependencies {
         let mut dependencies = Vec::new();
         // In `[…dependencies]`: `None`; in `[…dependencies.name]`: that name.
         let mut table: Option<Option<String>> = None;
-        // A commented-out dependency is not one: taken for a rename, it would fail the
-        // build.
+        // A commented-out dependency is not one: taken for a rename, it would send the
+        // expansion to a crate that is not there.
         let lines = text
             .lines()
             .map(str::trim)
@@ -145,6 +145,14 @@ mod tests {
         assert_eq!(plain.diesel_inbox(), Some("diesel_inbox"));
         let table = Dependencies::parse("[dev-dependencies.diesel-inbox]\npath = \"..\"\n");
         assert_eq!(table.diesel_inbox(), Some("diesel_inbox"));
+    }
+
+    #[test]
+    fn a_commented_out_rename_is_not_a_dependency() {
+        let manifest = Dependencies::parse(
+            "[dependencies]\n# inbox = { package = \"diesel-inbox\" }\ndiesel-inbox = \"0.1\"\n",
+        );
+        assert_eq!(manifest.diesel_inbox(), Some("diesel_inbox"));
     }
 
     #[test]

@@ -202,7 +202,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
 
     let dependencies = Dependencies::of_crate();
     let krate = match krate {
-        None => default_crate(dependencies.as_ref(), &mut errors),
+        None => Some(default_crate(dependencies.as_ref())),
         Some(value) => crate_path(&value, dependencies.as_ref(), &mut errors),
     };
 
@@ -430,23 +430,17 @@ fn default_path() -> Path {
     parse_quote!(::diesel_inbox)
 }
 
-/// `::diesel_inbox`, unless Cargo.toml renames the dependency: then every path of the
-/// expansion would fail on its own, so the rename is reported once, with the argument
-/// to add.
-fn default_crate(dependencies: Option<&Dependencies>, errors: &mut Errors) -> Option<Path> {
-    match dependencies.and_then(Dependencies::diesel_inbox) {
-        Some(renamed) if renamed != "diesel_inbox" => {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                format!(
-                    "diesel-inbox is a dependency of this crate under the name `{renamed}` \
-                     (`package = \"diesel-inbox\"` in Cargo.toml): add `crate = ::{renamed}` \
-                     to the arguments, the path the generated code then names it by"
-                ),
-            ));
-            None
-        }
-        _ => Some(default_path()),
+/// `::diesel_inbox`, or the name Cargo.toml gives the dependency where it renames it
+/// (`inbox = { package = "diesel-inbox" }`), which needs no `crate = …` then.
+fn default_crate(dependencies: Option<&Dependencies>) -> Path {
+    // A name that is no identifier (a manifest the reader misread) keeps the default.
+    let renamed = dependencies
+        .and_then(Dependencies::diesel_inbox)
+        .filter(|name| *name != "diesel_inbox")
+        .and_then(|name| syn::parse_str::<Ident>(name).ok());
+    match renamed {
+        Some(name) => parse_quote!(::#name),
+        None => default_path(),
     }
 }
 
