@@ -124,6 +124,7 @@ pub mod guide;
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use inbox_runtime::{BeginInSequence, BeginPipelined, BeginProbe};
     pub use inbox_runtime::{
         ClaimPolicy, ConnectionParameter, DatabaseClassOf, FastPath, Fingerprint, Handler,
         HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,

@@ -21,7 +21,6 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{
     AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
-use diesel_inbox::schema::inbox;
 use diesel_inbox::testing::{TestConnection, TestDatabase};
 use inbox_fixtures::credit::{CreditTables, credit_account, naive_inbox};
 
@@ -44,14 +43,6 @@ diesel::table! {
 diesel::define_sql_function! {
     /// PostgreSQL's current time, which unlike `now()` advances within a transaction.
     fn clock_timestamp() -> Timestamp;
-}
-
-#[diesel::dsl::auto_type]
-fn plain_insert(message_id: String, consumer: &'static str) -> _ {
-    insert_into(inbox::table).values((
-        inbox::message_id.eq(message_id),
-        inbox::consumer.eq(consumer),
-    ))
 }
 
 #[diesel::dsl::auto_type]
@@ -133,7 +124,6 @@ impl<C> Statements for C
 where
     C: AsyncConnection + 'static,
     credit_account: ExecuteDsl<C> + Send + 'static,
-    plain_insert: ExecuteDsl<C> + Send + 'static,
     peer_insert: ExecuteDsl<C> + Send + 'static,
     naive_seen: LoadQuery<'static, C, bool> + Send + 'static,
     naive_record: ExecuteDsl<C> + Send + 'static,
@@ -183,7 +173,7 @@ where
 
 /// A connection the harness can run every variant on: the shared statements plus what
 /// each backend spells differently.
-pub trait BenchConnection: Statements + CreditTables + TestConnection {
+pub trait BenchConnection: Statements + CreditTables + TestConnection + 'static {
     const BACKEND: Backend;
 
     /// Opens a serializable transaction that holds the write lock from its first
@@ -242,18 +232,31 @@ impl BenchConnection for AsyncPgConnection {
     const BACKEND: Backend = Backend::Postgres;
     const BEGIN_SERIALIZABLE: &'static str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
+    /// Pipelined, as for a handler that names `AsyncPgConnection`: the insert goes out
+    /// behind the BEGIN batch, and inserts only where that batch set its flag.
     async fn begin_with_marker(
         &mut self,
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
-        self.batch_execute("BEGIN").await?;
-        let inserted = plain_insert(message_id, consumer)
-            .on_conflict((inbox::message_id, inbox::consumer))
-            .do_nothing()
-            .execute(self)
-            .await?;
-        Ok(inserted == 1)
+        let insert = diesel::sql_query(
+            "INSERT INTO inbox (message_id, consumer) SELECT $1, $2 \
+             WHERE current_setting('diesel_inbox.marker_transaction', true) = 'open' \
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        )
+        .bind::<Text, _>(message_id)
+        .bind::<Text, _>(consumer);
+        let shared: &AsyncPgConnection = self;
+        let (mut for_begin, mut for_insert) = (shared, shared);
+        let (begun, inserted) = tokio::join!(
+            for_begin.batch_execute(
+                "BEGIN; SET LOCAL client_encoding = 'UTF8'; \
+                 SET LOCAL diesel_inbox.marker_transaction = 'open'"
+            ),
+            insert.execute(&mut for_insert),
+        );
+        begun?;
+        Ok(inserted? == 1)
     }
 
     /// One simple query: in a transaction aborted by an error the handler swallowed,

@@ -6,21 +6,30 @@
 //!
 //! [`Statements::credit`]: crate::connection::Statements::credit
 
+use std::any::Any;
 use std::collections::BTreeMap;
 
 use diesel::QueryResult;
 use diesel::result::{DatabaseErrorKind, Error};
+use diesel_async::AsyncPgConnection;
 use diesel_inbox::{BatchOutcome, Claim, Outcome, idempotent};
 
-use crate::connection::BenchConnection;
+use crate::backend::Backend;
+use crate::connection::{BenchConnection, Statements as _};
 use crate::variant::Variant;
 use crate::workload::Delivery;
 
-/// The consumer of [`idempotent_credit`]. The attribute needs a literal, so it is spelled
-/// there too; the pre-filled rows that variant 7 relies on use this constant.
-pub const IDEMPOTENT_CONSUMER: &str = "bench-credit";
+/// The consumer of (4), (7) and (8)'s handler on `backend`: [`idempotent_credit`], or on
+/// PostgreSQL [`pg_idempotent_credit`]. The attribute needs a literal, so each is spelled
+/// there too; the pre-filled rows that variant 7 relies on use this.
+pub const fn idempotent_consumer(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "bench-credit-pg",
+        Backend::Mysql | Backend::Sqlite => "bench-credit",
+    }
+}
 /// The consumer of [`duplicated_credit`], spelled out for the rows variant 5 pre-marks.
-/// It is not [`IDEMPOTENT_CONSUMER`]: a handler's adaptive fast path goes by its recent
+/// It is not [`idempotent_consumer`]'s: a handler's adaptive fast path goes by its recent
 /// duplicates, and a replay must not make the measurements after it read first. The
 /// runner fails a measurement whose duplicates do not show up.
 pub const DUPLICATED_CONSUMER: &str = "bench-credit-duplicated";
@@ -72,7 +81,10 @@ pub async fn handle<C: BenchConnection>(
     deliveries: &[Delivery],
 ) -> QueryResult<Handled> {
     match variant {
-        Variant::Batch(_) => Ok(idempotent_batch_credit(conn, deliveries).await?.into()),
+        Variant::Batch(_) => match (conn as &mut dyn Any).downcast_mut() {
+            Some(pg) => Ok(pg_idempotent_batch_credit(pg, deliveries).await?.into()),
+            None => Ok(idempotent_batch_credit(conn, deliveries).await?.into()),
+        },
         Variant::BareBatch(_) => bare_batch(conn, deliveries).await,
         _ => {
             let [delivery] = deliveries else {
@@ -94,7 +106,10 @@ async fn handle_one<C: BenchConnection>(
         Variant::Naive => naive(conn, delivery).await,
         Variant::HandWritten => hand_written(conn, delivery).await,
         Variant::Idempotent | Variant::Prefilled { .. } | Variant::PruneUnderLoad { .. } => {
-            idempotent_credit(conn, delivery).await
+            match (conn as &mut dyn Any).downcast_mut() {
+                Some(pg) => pg_idempotent_credit(pg, delivery).await,
+                None => idempotent_credit(conn, delivery).await,
+            }
         }
         Variant::Duplicates { .. } => duplicated_credit(conn, delivery).await,
         Variant::IdempotentReadingFirst => idempotent_credit_reading_first(conn, delivery).await,
@@ -136,7 +151,8 @@ async fn naive<C: BenchConnection>(conn: &mut C, delivery: &Delivery) -> QueryRe
 
 /// (3) The statements `#[idempotent]` issues for a new message, in its order. With
 /// unique keys its adaptive fast path never reads first, so neither does this: BEGIN and
-/// the marker insert (on PostgreSQL two round trips; on MySQL and SQLite one batch with
+/// the marker insert (on PostgreSQL one round trip, pipelined as for a handler that names
+/// `AsyncPgConnection`; on MySQL and SQLite one batch with
 /// the savepoint, on MySQL ahead of the marker, then its id and autocommit off), the
 /// credit, then the backend's checked commit in one round trip (PostgreSQL:
 /// `SELECT 1; COMMIT`; MySQL and SQLite: `RELEASE SAVEPOINT …; COMMIT`, on MySQL then
@@ -183,6 +199,18 @@ async fn idempotent_credit<C: BenchConnection>(
     Ok(())
 }
 
+/// (4), (7) and (8) on PostgreSQL, with the connection's type named as services write
+/// it: BEGIN and the marker insert then share a round trip. The generic handlers above
+/// and below send them in two there.
+#[idempotent(consumer = "bench-credit-pg", key = delivery.message_id)]
+async fn pg_idempotent_credit(
+    conn: &mut AsyncPgConnection,
+    delivery: &Delivery,
+) -> Result<(), Error> {
+    conn.credit(delivery.account, delivery.amount).await?;
+    Ok(())
+}
+
 /// (5).
 #[idempotent(consumer = "bench-credit-duplicated", key = delivery.message_id)]
 async fn duplicated_credit<C: BenchConnection>(
@@ -212,6 +240,17 @@ async fn idempotent_credit_reading_first<C: BenchConnection>(
 #[idempotent(consumer = "bench-batch", batch = deliveries, key = |delivery| delivery.message_id)]
 async fn idempotent_batch_credit<C: BenchConnection>(
     conn: &mut C,
+    deliveries: &[Delivery],
+) -> Result<(), Error> {
+    conn.credit_batch(&batch_credits(deliveries.iter().copied()))
+        .await
+}
+
+/// The batches on PostgreSQL, with the connection's type named, as
+/// [`pg_idempotent_credit`].
+#[idempotent(consumer = "bench-batch-pg", batch = deliveries, key = |delivery| delivery.message_id)]
+async fn pg_idempotent_batch_credit(
+    conn: &mut AsyncPgConnection,
     deliveries: &[Delivery],
 ) -> Result<(), Error> {
     conn.credit_batch(&batch_credits(deliveries.iter().copied()))

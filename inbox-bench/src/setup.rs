@@ -6,7 +6,7 @@ use indicatif::ProgressBar;
 
 use crate::backend::Backend;
 use crate::connection::BenchConnection;
-use crate::handlers::{DUPLICATED_CONSUMER, IDEMPOTENT_CONSUMER};
+use crate::handlers::{DUPLICATED_CONSUMER, idempotent_consumer};
 use crate::workload::{ACCOUNTS, Workload};
 
 /// Rows per statement when inserting generated values.
@@ -191,7 +191,7 @@ pub async fn prefill<C: BenchConnection>(
 /// One `INSERT … SELECT` of markers `first..=last`, processed `days_ago` days ago, whose
 /// ids are UUID-shaped and randomly ordered like the measured ones.
 fn generate_markers(backend: Backend, first: u64, last: u64, days_ago: u32) -> String {
-    let consumer = IDEMPOTENT_CONSUMER;
+    let consumer = idempotent_consumer(backend);
     match backend {
         Backend::Postgres => format!(
             "INSERT INTO inbox (message_id, consumer, processed_at)

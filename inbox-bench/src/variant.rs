@@ -62,7 +62,8 @@ impl Script {
         }
     }
 
-    /// Statements per transaction, each a round trip of its own.
+    /// Statements per transaction, each a round trip of its own but on PostgreSQL, where
+    /// the marker scripts pipeline BEGIN with the insert.
     pub fn statements(self) -> u64 {
         match self {
             Self::Bare | Self::BareBatch => 3,

@@ -16,6 +16,7 @@ use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
+use crate::begin::Begin;
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
@@ -191,6 +192,7 @@ impl Markers {
 #[doc(hidden)]
 pub async fn run_batch<'m, C, M, T, E, F>(
     conn: &mut C,
+    begin: Begin<C>,
     handler: &'static Handler,
     messages: &'m [M],
     message_ids: Result<Vec<String>, InvalidBatchKey>,
@@ -210,7 +212,8 @@ where
     let registration = handler.registration;
     let span = report::batch_span(registration, messages.len());
     let started = Instant::now();
-    let opened = Box::pin(open(conn, registration.consumer, message_ids).instrument(span.clone()));
+    let opened =
+        Box::pin(open(conn, begin, registration.consumer, message_ids).instrument(span.clone()));
     let stopped = match opened.await {
         Ok(Opened {
             enclosing,
@@ -282,6 +285,7 @@ struct Opened {
 /// ends there, as a duplicate.
 async fn open<C>(
     conn: &mut C,
+    begin: Begin<C>,
     consumer: &'static str,
     message_ids: Result<Vec<String>, InvalidBatchKey>,
 ) -> Result<Opened, Stop<Infallible>>
@@ -300,12 +304,10 @@ where
     let enclosing = enclosing_transaction(conn)?;
     let message_ids = markers.message_ids.clone();
     let new = match enclosing {
-        Enclosing::Nothing => {
-            match C::Backend::begin_with_markers(conn, consumer, message_ids).await? {
-                new if new.contains(&true) => new,
-                _ => return Err(Stop::Duplicate),
-            }
-        }
+        Enclosing::Nothing => match begin.with_markers(conn, consumer, message_ids).await? {
+            new if new.contains(&true) => new,
+            _ => return Err(Stop::Duplicate),
+        },
         Enclosing::TestTransaction => {
             test_transaction::begin(conn).await?;
             match C::Backend::insert_markers(conn, consumer, message_ids).await {

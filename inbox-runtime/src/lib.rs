@@ -11,6 +11,7 @@
 
 mod backend;
 mod batch;
+mod begin;
 mod call;
 pub mod claims;
 mod classify;
@@ -43,6 +44,7 @@ mod verdict;
 
 pub use backend::InboxBackend;
 pub use batch::{BatchOutcome, BatchParameter, batch_keys, batch_messages, run_batch};
+pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
 pub use claims::{Claim, ClaimPolicy, outside_any_claim, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;

@@ -8,6 +8,7 @@ use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
+use crate::begin::Begin;
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
@@ -29,7 +30,7 @@ use crate::verdict::HandlerErrorType;
 ///    of a transaction of its own.
 /// 2. When `fast_path` says to read first, a committed marker returns
 ///    [`Outcome::Duplicate`] without a transaction.
-/// 3. In one transaction: inserts the marker (waiting for any transaction that holds the
+/// 3. In one transaction (begun as `begin` says): inserts the marker (waiting for any transaction that holds the
 ///    same key), runs `body` on the transaction's connection, and commits once it has
 ///    checked that the database did not roll the transaction back underneath `body`. A
 ///    marker already there rolls back and returns [`Outcome::Duplicate`]; `Err` from
@@ -46,8 +47,13 @@ use crate::verdict::HandlerErrorType;
 /// spells as the handler's `From<diesel::result::Error>` conversion so that a missing impl
 /// is reported at the handler's signature. A handler error that holds a database error
 /// (the body's own constraint violation) marks the span's `error.type` with its class.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the expansion's entry point: one argument for each thing the attribute decides"
+)]
 pub async fn run<C, T, E, F>(
     conn: &mut C,
+    begin: Begin<C>,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
@@ -71,9 +77,10 @@ where
         read_first,
     );
     let started = Instant::now();
-    let opened =
-        Box::pin(open(conn, handler, message_id, read_first, fingerprint).instrument(span.clone()))
-            .await;
+    let opened = Box::pin(
+        open(conn, begin, handler, message_id, read_first, fingerprint).instrument(span.clone()),
+    )
+    .await;
     let stopped = match opened {
         Ok(enclosing) => {
             let result = body(&mut *conn).instrument(span.clone()).await;
@@ -115,6 +122,7 @@ where
 /// says what the call runs in; a duplicate whose fingerprint differs is an error.
 async fn open<C>(
     conn: &mut C,
+    begin: Begin<C>,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     read_first: bool,
@@ -142,7 +150,7 @@ where
             // `Send` for every lifetime: rustc cannot prove that for concrete connection
             // types (rust-lang/rust#100013), and a handler must be spawnable whenever its
             // body is.
-            Enclosing::Nothing => match C::Backend::begin_with_marker(conn, &marker).await? {
+            Enclosing::Nothing => match begin.with_marker(conn, &marker).await? {
                 true => Ok(enclosing),
                 false => Err(Stop::Duplicate),
             },

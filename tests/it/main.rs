@@ -14,6 +14,7 @@ mod galera;
 mod handler_semantics;
 mod mysql;
 mod observability;
+mod pipelined;
 mod postgres;
 mod pruner;
 mod sqlite;

@@ -13,10 +13,10 @@ use diesel_inbox::{ErrorClass, Outcome, classify, idempotent};
 use common::{Credit, TestDb, bounded};
 
 #[derive(Clone)]
-struct PgDb(TestDatabase<AsyncPgConnection>);
+pub(crate) struct PgDb(pub(crate) TestDatabase<AsyncPgConnection>);
 
 /// The test's schema, or `None` when the suite is skipped.
-async fn create(test: &str) -> Option<PgDb> {
+pub(crate) async fn create(test: &str) -> Option<PgDb> {
     let url = common::server_url("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     let db = TestDatabase::postgres(&url, test).await;
     Some(PgDb(db.expect("create the test schema")))

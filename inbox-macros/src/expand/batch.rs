@@ -24,11 +24,12 @@ pub(crate) fn closure_parameter(
 
 /// The handler's statements from the keys on: the keys of all messages, checked before
 /// the transaction, then the call of `run_batch`, which returns the handler's result.
+/// `connection` is `run_batch`'s first two arguments: the borrow and how to begin.
 pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
     renamed: &Renamed,
-    borrow: &TokenStream,
+    connection: &TokenStream,
     registration: &Ident,
     error_type: &TokenStream,
     closure: &TokenStream,
@@ -58,7 +59,7 @@ pub(crate) fn expand_run(
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
             #krate::__private::outside_any_claim(#krate::__private::run_batch(
-                #borrow,
+                #connection,
                 &#registration,
                 #slice,
                 #message_ids,

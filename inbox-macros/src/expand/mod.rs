@@ -135,6 +135,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let connection = Hidden::of(&conn);
     connection.rename_in(&mut function.sig);
     let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
+    let begin_value = format_ident!("__inbox_begin", span = Span::mixed_site());
+    // Claim mode begins no transaction around the body.
+    let begin = (!claim_mode).then(|| begin(&krate, &connection, &begin_value));
     let renamed = Renamed { connection, moved };
     let (encode, mode, fingerprint) = (
         renamed.reach(encode),
@@ -147,7 +150,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             batch,
             &krate,
             &renamed,
-            &borrow,
+            &quote!(#borrow, #begin_value),
             &registration,
             &error_type,
             &closure,
@@ -160,9 +163,11 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             } else {
                 quote_spanned!(conn.span()=> #krate::__private::run)
             };
+            let begin = begin.is_some().then_some(&begin_value).into_iter();
             let call = quote_spanned!(conn.span()=>
                 #run(
                     #borrow,
+                    #(#begin,)*
                     &#registration,
                     #message_id,
                     #mode_value,
@@ -195,6 +200,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
         #krate::__private::register_handler!(#registration);
+        #begin
         #run
     });
     // The body's braces stand where the user's do, so that a suggestion that wraps the
@@ -331,6 +337,20 @@ fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
         },
         FnArg::Receiver(_) => None,
     })
+}
+
+/// How `run` begins the transaction, picked by autoref on the connection parameter's
+/// type: a PostgreSQL connection named as such pipelines BEGIN with the marker insert.
+/// Evaluated before `run` borrows the connection, and spanned in the expansion, where
+/// no lint about the `&&&` reaches the user's code.
+fn begin(krate: &syn::Path, connection: &Hidden, value: &Ident) -> TokenStream {
+    let hidden = &connection.hidden;
+    quote!(
+        let #value = {
+            use #krate::__private::{BeginInSequence as _, BeginPipelined as _};
+            (&&&#krate::__private::BeginProbe::of(&#hidden)).begin()
+        };
+    )
 }
 
 /// The `&mut` borrow `run` takes. A parameter not written as `&mut` is named by its type,

@@ -90,15 +90,11 @@ async fn naive_batch_credit<D: TestDb>(
 }
 
 /// Delivers a batch to the idempotent handler, checking what its outcome says of itself.
-async fn idempotent_batch_credit<C>(
-    conn: &mut C,
+async fn idempotent_batch_credit<D: TestDb>(
+    conn: &mut D::Conn,
     credits: &[Credit],
-) -> Result<(usize, usize), Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let outcome = batch_credit(conn, credits).await?;
+) -> Result<(usize, usize), Error> {
+    let outcome = D::batch_credit(conn, credits).await?;
     assert_eq!(outcome.outcomes().len(), credits.len());
     assert_eq!(outcome.value().copied().unwrap_or(0), outcome.processed());
     Ok((outcome.processed(), outcome.duplicates()))
@@ -141,7 +137,7 @@ async fn batch_race<D: TestDb>(db: Arc<D>, naive: bool, workers: usize, rounds: 
                         let result = if naive {
                             naive_batch_credit::<D>(&mut conn, &batch).await
                         } else {
-                            idempotent_batch_credit(&mut conn, &batch).await
+                            idempotent_batch_credit::<D>(&mut conn, &batch).await
                         };
                         if let Some(counts) = settled(result, &batch, &mut retries) {
                             break counts;

@@ -35,6 +35,26 @@ pub trait TestDb: Clone + Send + Sync + 'static {
     /// where the database can tell (SQLite waits inside its busy handler, out of sight).
     fn lock_waiters(&self) -> impl Future<Output = Option<i64>> + Send;
 
+    /// Delivers `credit` to the handler of the races and the cancellations, which acts
+    /// as `gate` says: by default the generic [`gated_credit`], whose transaction begins
+    /// as a connection of any type can.
+    fn credit(
+        conn: &mut Self::Conn,
+        credit: &Credit,
+        gate: &Gate,
+    ) -> impl Future<Output = Result<Outcome<()>, Error>> + Send {
+        gated_credit(conn, credit, gate)
+    }
+
+    /// Delivers a batch to the batch race's handler: by default the generic
+    /// [`batch::batch_credit`].
+    fn batch_credit(
+        conn: &mut Self::Conn,
+        credits: &[Credit],
+    ) -> impl Future<Output = Result<diesel_inbox::BatchOutcome<usize>, Error>> + Send {
+        batch::batch_credit(conn, credits)
+    }
+
     fn connect(&self) -> impl Future<Output = Self::Conn> + Send {
         async {
             self.database()
@@ -288,9 +308,12 @@ pub async fn race<D: TestDb>(
                 let outcome = loop {
                     let result = match handler {
                         Handler::Idempotent if worker % 2 == 1 => {
-                            credit_reading_first(&mut conn, &message).await
+                            let gate = Gate::new(false, false).reading_first();
+                            D::credit(&mut conn, &message, &gate).await
                         }
-                        Handler::Idempotent => credit(&mut conn, &message).await,
+                        Handler::Idempotent => {
+                            D::credit(&mut conn, &message, &Gate::new(false, false)).await
+                        }
                         Handler::Naive => naive_credit::<D>(&mut conn, &message).await,
                     };
                     if let Some(outcome) = settled(result, &message, &mut retries) {
@@ -1010,11 +1033,7 @@ impl Statement {
 /// Delivers `message` to [`gated_credit`] and drops the call once `statement` has
 /// started; the body fails where that is the ROLLBACK. Whether it was dropped in flight
 /// rather than finished first.
-async fn cancel_at<C>(conn: &mut C, message: &Credit, statement: Statement) -> bool
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
+async fn cancel_at<D: TestDb>(conn: &mut D::Conn, message: &Credit, statement: Statement) -> bool {
     let reached = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = Arc::clone(&reached);
     conn.set_instrumentation(move |event: InstrumentationEvent<'_>| {
@@ -1028,7 +1047,7 @@ where
         }
     });
     let gate = Gate::new(false, matches!(statement, Statement::Rollback));
-    let handler = gated_credit(conn, message, &gate);
+    let handler = D::credit(conn, message, &gate);
     tokio::pin!(handler);
     // Polls the handler until the statement has started, then drops it there.
     std::future::poll_fn(|cx| {
@@ -1063,7 +1082,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
         for attempt in 0..ATTEMPTS {
             let message = Credit::numbered(n as i64 * ATTEMPTS + attempt);
             let mut conn = db.connect().await;
-            if cancel_at(&mut conn, &message, statement).await {
+            if cancel_at::<D>(&mut conn, &message, statement).await {
                 cancelled = Some((conn, message));
                 break;
             }
@@ -1072,7 +1091,7 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
             cancelled.unwrap_or_else(|| panic!("{statement:?}: never caught in flight"));
         let n = message.account;
 
-        let refused = credit(&mut conn, &message)
+        let refused = D::credit(&mut conn, &message, &Gate::new(false, false))
             .await
             .expect_err("a connection cancelled mid-statement is refused");
         assert!(
@@ -1102,7 +1121,9 @@ pub async fn cancelled_transaction_statements_never_half_commit<D: TestDb>(db: D
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let redelivered = credit(&mut fresh, &message).await.unwrap();
+        let redelivered = D::credit(&mut fresh, &message, &Gate::new(false, false))
+            .await
+            .unwrap();
         assert!(
             matches!(redelivered, Outcome::Processed(()) | Outcome::Duplicate),
             "{statement:?}: {redelivered:?}"

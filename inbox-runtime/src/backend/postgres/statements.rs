@@ -115,13 +115,7 @@ impl sealed::Sealed for diesel::pg::Pg {
         .bind::<Text, _>(consumer)
         .load(conn)
         .await?;
-        let mut new = vec![false; message_ids.len()];
-        for marker in inserted {
-            if let Ok(at) = message_ids.binary_search(&marker.message_id) {
-                new[at] = true;
-            }
-        }
-        Ok(new)
+        Ok(which_are_new(&message_ids, inserted))
     }
 
     fn abandon<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
@@ -273,6 +267,18 @@ where
         return Err(roll_back_for(conn, error).await);
     }
     Ok(())
+}
+
+/// For each of a batch's sorted `message_ids`, whether the insert's `RETURNING` reported
+/// its marker as new.
+pub(super) fn which_are_new(message_ids: &[String], inserted: Vec<NewMarker>) -> Vec<bool> {
+    let mut new = vec![false; message_ids.len()];
+    for marker in inserted {
+        if let Ok(at) = message_ids.binary_search(&marker.message_id) {
+            new[at] = true;
+        }
+    }
+    new
 }
 
 /// What [`Sealed::already_processed`] reads.
