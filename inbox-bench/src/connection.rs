@@ -40,6 +40,39 @@ diesel::table! {
     }
 }
 
+/// (3)'s marker insert on PostgreSQL, the library's statement: the key bound as UTF-8
+/// bytes, inserted only behind the BEGIN batch that sets the flag. A statement of its
+/// own type, prepared once per connection as the library's is (a `sql_query` is
+/// prepared again on every execution).
+struct FlaggedMarkerInsert {
+    message_id: String,
+    consumer: &'static str,
+}
+
+impl diesel::query_builder::QueryId for FlaggedMarkerInsert {
+    type QueryId = Self;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for FlaggedMarkerInsert {
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>,
+    ) -> QueryResult<()> {
+        use diesel::sql_types::Bytea;
+
+        out.push_sql("INSERT INTO inbox (message_id, consumer) SELECT convert_from(");
+        out.push_bind_param::<Bytea, [u8]>(self.message_id.as_bytes())?;
+        out.push_sql(", 'UTF8'), convert_from(");
+        out.push_bind_param::<Bytea, [u8]>(self.consumer.as_bytes())?;
+        out.push_sql(
+            ", 'UTF8') WHERE current_setting('diesel_inbox.marker_transaction', true) = 'open' \
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        );
+        Ok(())
+    }
+}
+
 diesel::define_sql_function! {
     /// PostgreSQL's current time, which unlike `now()` advances within a transaction.
     fn clock_timestamp() -> Timestamp;
@@ -239,20 +272,14 @@ impl BenchConnection for AsyncPgConnection {
         message_id: String,
         consumer: &'static str,
     ) -> QueryResult<bool> {
-        let insert = diesel::sql_query(
-            "INSERT INTO inbox (message_id, consumer) SELECT $1, $2 \
-             WHERE current_setting('diesel_inbox.marker_transaction', true) = 'open' \
-             ON CONFLICT (message_id, consumer) DO NOTHING",
-        )
-        .bind::<Text, _>(message_id)
-        .bind::<Text, _>(consumer);
+        let insert = FlaggedMarkerInsert {
+            message_id,
+            consumer,
+        };
         let shared: &AsyncPgConnection = self;
         let (mut for_begin, mut for_insert) = (shared, shared);
         let (begun, inserted) = tokio::join!(
-            for_begin.batch_execute(
-                "BEGIN; SET LOCAL client_encoding = 'UTF8'; \
-                 SET LOCAL diesel_inbox.marker_transaction = 'open'"
-            ),
+            for_begin.batch_execute("BEGIN; SET LOCAL diesel_inbox.marker_transaction = 'open'"),
             insert.execute(&mut for_insert),
         );
         begun?;

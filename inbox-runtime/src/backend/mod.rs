@@ -37,11 +37,11 @@ macro_rules! inbox_is_visible {
     };
 }
 
-/// `sealed::Sealed::insert_marker` for the backends with `INSERT … ON CONFLICT
-/// (message_id, consumer) DO NOTHING`: a duplicate waits for the transaction holding the
-/// key, then inserts nothing, without raising an error. A new marker is followed by the
-/// batch `then`, when given.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// `sealed::Sealed::insert_marker` as diesel's `INSERT … ON CONFLICT (message_id,
+/// consumer) DO NOTHING`: a duplicate waits for the transaction holding the key, then
+/// inserts nothing, without raising an error. A new marker is followed by the batch
+/// `then`, when given. (PostgreSQL binds its keys as bytes instead: `postgres/markers.rs`.)
+#[cfg(feature = "sqlite")]
 macro_rules! insert_marker_on_conflict_do_nothing {
     ($(then $then:expr)?) => {
         fn insert_marker<'c, C>(
@@ -92,7 +92,7 @@ pub(crate) mod sqlite;
 #[cfg(feature = "testing")]
 pub(crate) mod testing;
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) mod queries;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod savepoint;

@@ -1,4 +1,4 @@
-//! The statements several backends issue, as typed diesel queries.
+//! The statements MySQL/MariaDB and SQLite both issue, as typed diesel queries.
 
 use diesel::dsl::insert_into;
 use diesel::prelude::*;
@@ -15,14 +15,6 @@ pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
             .eq(message_id)
             .and(inbox::consumer.eq(consumer)),
     )
-}
-
-/// A marker that a batch insert's `RETURNING` reports as new.
-#[cfg(feature = "postgres")]
-#[derive(diesel::QueryableByName)]
-pub(super) struct NewMarker {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub(super) message_id: String,
 }
 
 #[diesel::dsl::auto_type]
@@ -67,7 +59,6 @@ pub(crate) fn hex_digits(text: &str) -> String {
 /// row count: the callers cap that count ([`MARKERS_PER_STATEMENT`]), which bounds the
 /// statements each connection keeps prepared (MySQL's `max_prepared_stmt_count` is
 /// server-wide) and keeps far below every bind-parameter limit.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) struct InsertMarkers {
     pub(super) message_ids: Vec<String>,
     pub(super) consumer: &'static str,
@@ -76,22 +67,18 @@ pub(super) struct InsertMarkers {
 
 /// Most markers one [`InsertMarkers`] statement inserts: two bind parameters each, far
 /// below SQLite's 32,766 and MySQL's 65,535.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) const MARKERS_PER_STATEMENT: usize = 64;
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl diesel::query_builder::QueryId for InsertMarkers {
     type QueryId = ();
     // The SQL depends on the row count: the statement cache must key it by its text.
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl diesel::query_builder::Query for InsertMarkers {
     type SqlType = diesel::sql_types::Text;
 }
 
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 impl<DB> diesel::query_builder::QueryFragment<DB> for InsertMarkers
 where
     DB: diesel::backend::Backend,
@@ -118,7 +105,6 @@ where
 }
 
 /// Splits sorted `message_ids` into owned runs of at most `size`, in order.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) fn chunks(mut message_ids: Vec<String>, size: usize) -> Vec<Vec<String>> {
     let mut chunks = Vec::with_capacity(message_ids.len().div_ceil(size));
     while message_ids.len() > size {

@@ -66,6 +66,8 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 #[cfg(feature = "postgres")]
 mod claims;
 #[cfg(feature = "postgres")]
+mod markers;
+#[cfg(feature = "postgres")]
 pub(crate) mod pipeline;
 #[cfg(feature = "postgres")]
 mod statements;

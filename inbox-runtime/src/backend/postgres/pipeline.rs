@@ -14,29 +14,12 @@
 //! it: a failed batch stops at its first error and never sets it.
 
 use diesel::QueryResult;
-use diesel::pg::Pg;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{Array, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures_util::future::join;
 
-use crate::backend::queries::NewMarker;
+use super::markers::{self, BEGIN_FLAGGED, Behind};
 use crate::backend::sealed::Marker;
 use crate::backend::{end_unless_inserted, enter_transaction, roll_back_for};
-
-/// What [`begin_with_marker`] sends ahead of the insert: the transaction, in UTF-8 as
-/// every call's (see `begin_in_utf8`), and the flag the insert looks for.
-const BEGIN_FLAGGED: &str = "BEGIN; SET LOCAL client_encoding = 'UTF8'; \
-     SET LOCAL diesel_inbox.marker_transaction = 'open'";
-
-/// The condition under which a pipelined insert inserts: the batch ahead of it began
-/// the transaction. `current_setting(…, true)` is NULL where the flag was never set, and
-/// empty after a transaction that set it has ended.
-macro_rules! behind_begin {
-    () => {
-        "current_setting('diesel_inbox.marker_transaction', true) = 'open'"
-    };
-}
 
 /// The shared connection that pipelines, reached from the handler's own.
 pub(crate) type Shared<C> = for<'c> fn(&'c mut C) -> &'c AsyncPgConnection;
@@ -52,13 +35,12 @@ where
     C: AsyncConnection,
 {
     enter_transaction(conn)?;
-    let insert = marker_insert(marker);
     let (begun, inserted) = {
         let pipelined = shared(conn);
         let (mut for_begin, mut for_insert) = (pipelined, pipelined);
         join(
             for_begin.batch_execute(BEGIN_FLAGGED),
-            insert.execute(&mut for_insert),
+            markers::marker(marker, Behind::FlaggedBegin).execute(&mut for_insert),
         )
         .await
     };
@@ -66,30 +48,6 @@ where
         return Err(roll_back_for(conn, error).await);
     }
     end_unless_inserted(conn, inserted.map(|rows| rows > 0)).await
-}
-
-/// The marker's insert, which inserts only behind [`BEGIN_FLAGGED`].
-fn marker_insert(marker: &Marker) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
-    match &marker.fingerprint {
-        Some(fingerprint) => diesel::sql_query(concat!(
-            "INSERT INTO inbox (message_id, consumer, fingerprint) SELECT $1, $2, $3 WHERE ",
-            behind_begin!(),
-            " ON CONFLICT (message_id, consumer) DO NOTHING"
-        ))
-        .into_boxed()
-        .bind::<Text, _>(marker.message_id.clone())
-        .bind::<Text, _>(marker.consumer)
-        .bind::<Text, _>(fingerprint.clone()),
-        // 0.1's table has no fingerprint column: a marker without one names none.
-        None => diesel::sql_query(concat!(
-            "INSERT INTO inbox (message_id, consumer) SELECT $1, $2 WHERE ",
-            behind_begin!(),
-            " ON CONFLICT (message_id, consumer) DO NOTHING"
-        ))
-        .into_boxed()
-        .bind::<Text, _>(marker.message_id.clone())
-        .bind::<Text, _>(marker.consumer),
-    }
 }
 
 /// [`Sealed::begin_with_markers`](crate::backend::sealed::Sealed::begin_with_markers),
@@ -106,28 +64,23 @@ where
     use diesel_async::TransactionManager as _;
 
     enter_transaction(conn)?;
-    let insert = diesel::sql_query(concat!(
-        "INSERT INTO inbox (message_id, consumer) \
-         SELECT message_id, $2 FROM unnest($1::text[]) AS batch (message_id) WHERE ",
-        behind_begin!(),
-        " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id"
-    ))
-    .bind::<Array<Text>, _>(&message_ids)
-    .bind::<Text, _>(consumer);
     let (begun, inserted) = {
         let pipelined = shared(conn);
         let (mut for_begin, mut for_insert) = (pipelined, pipelined);
         join(
             for_begin.batch_execute(BEGIN_FLAGGED),
-            insert.load::<NewMarker>(&mut for_insert),
+            markers::insert_markers(
+                &mut for_insert,
+                markers::markers(consumer, &message_ids, Behind::FlaggedBegin),
+                &message_ids,
+            ),
         )
         .await
     };
-    let inserted = match (begun, inserted) {
+    let new = match (begun, inserted) {
         (Err(error), _) | (Ok(()), Err(error)) => return Err(roll_back_for(conn, error).await),
-        (Ok(()), Ok(inserted)) => inserted,
+        (Ok(()), Ok(new)) => new,
     };
-    let new = super::statements::which_are_new(&message_ids, inserted);
     if new.contains(&true) {
         Ok(new)
     } else {
@@ -141,7 +94,7 @@ where
 mod tests {
     use diesel_async::{RunQueryDsl as _, SimpleAsyncConnection as _};
 
-    use super::{BEGIN_FLAGGED, Marker, marker_insert};
+    use super::{BEGIN_FLAGGED, Behind, Marker, markers};
     use crate::testing::{TestDatabase, select_i64};
 
     /// The flag keeps a marker from committing without its body: an insert that does not
@@ -166,7 +119,8 @@ mod tests {
             fingerprint: fingerprint.map(str::to_owned),
         };
         for fingerprint in [None, Some("f")] {
-            let alone = marker_insert(&marker("alone", fingerprint));
+            let alone = marker("alone", fingerprint);
+            let alone = markers::marker(&alone, Behind::FlaggedBegin);
             assert_eq!(
                 alone.execute(&mut conn).await.unwrap(),
                 0,
@@ -174,7 +128,8 @@ mod tests {
             );
 
             conn.batch_execute(BEGIN_FLAGGED).await.unwrap();
-            let behind = marker_insert(&marker("behind", fingerprint));
+            let behind = marker("behind", fingerprint);
+            let behind = markers::marker(&behind, Behind::FlaggedBegin);
             assert_eq!(
                 behind.execute(&mut conn).await.unwrap(),
                 1,
@@ -182,7 +137,8 @@ mod tests {
             );
             conn.batch_execute("ROLLBACK").await.unwrap();
 
-            let after = marker_insert(&marker("after", fingerprint));
+            let after = marker("after", fingerprint);
+            let after = markers::marker(&after, Behind::FlaggedBegin);
             assert_eq!(
                 after.execute(&mut conn).await.unwrap(),
                 0,

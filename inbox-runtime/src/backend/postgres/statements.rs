@@ -5,11 +5,11 @@ use std::future::Future;
 use diesel::OptionalExtension as _;
 use diesel::QueryResult;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::{Array, BigInt, Bytea, Text};
+use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
 use super::ABORTED_TRANSACTION;
-use crate::backend::queries::NewMarker;
+use super::markers::{self, Behind, Found, MarkerExists};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{
     end_unless_inserted, enter_transaction, leave_transaction, roll_back_for,
@@ -21,7 +21,21 @@ use crate::backend::{
 const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
 impl sealed::Sealed for diesel::pg::Pg {
-    insert_marker_on_conflict_do_nothing!();
+    fn insert_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let marker = marker.clone();
+        async move {
+            let inserted = markers::marker(&marker, Behind::Begun)
+                .execute(conn)
+                .await?;
+            Ok(inserted > 0)
+        }
+    }
 
     inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
 
@@ -34,11 +48,7 @@ impl sealed::Sealed for diesel::pg::Pg {
         }
     }
 
-    /// Opens the transaction in UTF-8 whatever the session's `client_encoding`: text
-    /// bound in another encoding is converted on its way in, so a key would be
-    /// stored as other bytes than another session stores it with, and two keys
-    /// could meet (LATIN1 reads "é" as "Ã©"). `SET LOCAL` ends with the transaction,
-    /// and costs no round trip of its own.
+    /// BEGIN, counted by the transaction manager before it is sent, then the insert.
     fn begin_with_marker<'c, C>(
         conn: &'c mut C,
         marker: &Marker,
@@ -48,7 +58,7 @@ impl sealed::Sealed for diesel::pg::Pg {
     {
         let marker = marker.clone();
         async move {
-            begin_in_utf8(conn).await?;
+            begin(conn).await?;
             let inserted = Self::insert_marker(conn, &marker).await;
             end_unless_inserted(conn, inserted).await
         }
@@ -63,7 +73,7 @@ impl sealed::Sealed for diesel::pg::Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        begin_in_utf8(conn).await?;
+        begin(conn).await?;
         match Self::insert_markers(conn, consumer, message_ids).await {
             Ok(new) if new.contains(&true) => Ok(new),
             Ok(new) => C::TransactionManager::rollback_transaction(conn)
@@ -83,14 +93,9 @@ impl sealed::Sealed for diesel::pg::Pg {
         C: AsyncConnection<Backend = Self>,
     {
         // PostgreSQL never reads uncommitted rows, at any isolation level.
-        let query = diesel::sql_query(
-            "SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = convert_from($1, 'UTF8') \
-             AND consumer = convert_from($2, 'UTF8')) AS found",
-        )
-        .bind::<Bytea, _>(marker.message_id.clone().into_bytes())
-        .bind::<Bytea, _>(marker.consumer.as_bytes());
+        let marker = marker.clone();
         async move {
-            let Found { found } = query.get_result(conn).await?;
+            let Found { found } = MarkerExists(&marker).get_result(conn).await?;
             Ok(found)
         }
     }
@@ -103,19 +108,8 @@ impl sealed::Sealed for diesel::pg::Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // The ids bound as one array: one statement and one prepared plan whatever
-        // the batch's size, and no bind-parameter limit to split it for. The insert
-        // takes the rows in the order `unnest` yields them, the array's.
-        let inserted: Vec<NewMarker> = diesel::sql_query(
-            "INSERT INTO inbox (message_id, consumer) \
-             SELECT message_id, $2 FROM unnest($1::text[]) AS batch (message_id) \
-             ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
-        )
-        .bind::<Array<Text>, _>(&message_ids)
-        .bind::<Text, _>(consumer)
-        .load(conn)
-        .await?;
-        Ok(which_are_new(&message_ids, inserted))
+        let insert = markers::markers(consumer, &message_ids, Behind::Begun);
+        markers::insert_markers(conn, insert, &message_ids).await
     }
 
     fn abandon<'c, C>(conn: &'c mut C) -> impl Future<Output = QueryResult<()>> + Send + use<'c, C>
@@ -254,38 +248,17 @@ where
     Ok(())
 }
 
-/// Begins the call's transaction with the session's text in UTF-8 until it ends.
-async fn begin_in_utf8<C>(conn: &mut C) -> QueryResult<()>
+/// Begins the call's transaction, counted before BEGIN is sent (see
+/// [`enter_transaction`]).
+async fn begin<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
     enter_transaction(conn)?;
-    if let Err(error) = conn
-        .batch_execute("BEGIN; SET LOCAL client_encoding = 'UTF8'")
-        .await
-    {
+    if let Err(error) = conn.batch_execute("BEGIN").await {
         return Err(roll_back_for(conn, error).await);
     }
     Ok(())
-}
-
-/// For each of a batch's sorted `message_ids`, whether the insert's `RETURNING` reported
-/// its marker as new.
-pub(super) fn which_are_new(message_ids: &[String], inserted: Vec<NewMarker>) -> Vec<bool> {
-    let mut new = vec![false; message_ids.len()];
-    for marker in inserted {
-        if let Ok(at) = message_ids.binary_search(&marker.message_id) {
-            new[at] = true;
-        }
-    }
-    new
-}
-
-/// What [`Sealed::already_processed`] reads.
-#[derive(diesel::QueryableByName)]
-struct Found {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    found: bool,
 }
 
 /// 25P02, which diesel-async reports as `Unknown` with only the message text.
