@@ -148,6 +148,15 @@ use quote::ToTokens;
 ///     // A constructor that adds `HANDLER` to the list before `main`, as `inventory`
 ///     // registers its items, without an `allow` of its own.
 ///     diesel_inbox::__private::register_handler!(HANDLER);
+///     // How the transaction begins, picked by autoref on the connection parameter's
+///     // type before `run` borrows it: `&mut AsyncPgConnection` (or a pool's guard of
+///     // one) pipelines BEGIN with the marker insert, any other type (a generic `C`
+///     // included) sends them in turn. Not in claim mode, whose body runs in no
+///     // transaction.
+///     let begin = {
+///         use diesel_inbox::__private::{BeginInSequence as _, BeginPipelined as _};
+///         (&&&diesel_inbox::__private::BeginProbe::of(&conn)).begin()
+///     };
 ///
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
 ///     // may use `conn`: one that names it is evaluated in a block that starts with
@@ -163,6 +172,7 @@ use quote::ToTokens;
 ///         // `<Object<AsyncPgConnection> as ConnectionParameter<'_>>::borrow(conn)`, so
 ///         // that a connection taken by value is reported at that type.
 ///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
+///         begin,
 ///         &HANDLER,
 ///         message_id,
 ///         mode,

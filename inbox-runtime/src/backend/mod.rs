@@ -12,6 +12,7 @@
 //! | `claims.rs` | claim mode's statements |
 //! | `testing.rs` | the test database: a schema, a database or a file per test |
 //! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
+//! | `markers.rs`, `pipeline.rs` (PostgreSQL) | the marker's statements, keys bound as bytes; BEGIN and the insert in one round trip |
 //!
 //! A fourth database is one more folder: implement the two traits and the test database,
 //! add its error recognition to [`classify`](crate::classify).
