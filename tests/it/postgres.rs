@@ -484,3 +484,48 @@ async fn sessions_in_other_encodings_agree_on_keys() {
     .await;
     db.cleanup().await;
 }
+
+/// The inbox's statements are prepared once per connection and stay prepared: one
+/// prepared again on every call costs a round trip and a parse of its own (diesel never
+/// caches a `sql_query`). Each is found once among the session's prepared statements
+/// after several calls of each kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_stay_prepared() {
+    let Some(db) = create("statements_stay_prepared").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 4).await;
+        let mut conn = db.connect().await;
+        for n in 0..3 {
+            let credit = Credit::numbered(n);
+            assert_eq!(
+                claimed(&mut conn, &credit).await,
+                Ok(Outcome::Processed(()))
+            );
+            assert_eq!(
+                common::credit_reading_first(&mut conn, &credit).await,
+                Ok(Outcome::Processed(()))
+            );
+            let batch = [credit, Credit::numbered(3)];
+            let outcome = common::batch::batch_credit(&mut conn, &batch).await;
+            assert!(outcome.is_ok(), "{outcome:?}");
+        }
+        for statement in [
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at",
+            "UPDATE inbox SET lease_ends_at = NULL",
+            "SELECT EXISTS (SELECT 1 FROM inbox",
+            "INSERT INTO inbox (message_id, consumer) SELECT convert_from($1",
+            "FROM unnest(",
+        ] {
+            let prepared = format!(
+                "SELECT COUNT(*) FROM pg_prepared_statements WHERE statement LIKE '%{statement}%' \
+                 AND statement NOT LIKE '%pg_prepared_statements%'"
+            );
+            let count = select_i64(&mut conn, &prepared).await.unwrap();
+            assert_eq!(count, 1, "{statement}");
+        }
+    })
+    .await;
+    db.cleanup().await;
+}

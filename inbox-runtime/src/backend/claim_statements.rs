@@ -173,10 +173,10 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! update_claim {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
-        let query = ::diesel::sql_query($sql)
+        let query = $crate::backend::prepared::Prepared(::diesel::sql_query($sql)
             .bind::<::diesel::sql_types::Text, _>($key.message_id)
             .bind::<::diesel::sql_types::Text, _>($key.consumer)
-            $(.bind::<::diesel::sql_types::Text, _>($token))?;
+            $(.bind::<::diesel::sql_types::Text, _>($token))?);
         let updated = ::diesel_async::RunQueryDsl::execute(query, $conn).await?;
         Ok(updated == 1)
     }};

@@ -93,6 +93,8 @@ pub(crate) mod sqlite;
 #[cfg(feature = "testing")]
 pub(crate) mod testing;
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) mod prepared;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) mod queries;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]

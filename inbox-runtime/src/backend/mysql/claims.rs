@@ -13,6 +13,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
+use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 
@@ -102,16 +103,18 @@ impl ClaimStatements for Mysql {
         // An UPDATE reads the latest committed row under its lock: a second taker waits
         // for the first, then finds the attempt count moved on. Affected rows count
         // matched rows here (CLIENT_FOUND_ROWS), and a match always changes the row.
-        let taken = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = ?, \
+        let taken = Prepared(
+            diesel::sql_query(format!(
+                "UPDATE inbox SET claim_token = ?, \
              lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
              {BY_KEY} AND attempts = ? AND {STALE}"
-        ))
-        .bind::<Text, _>(claim.token)
-        .bind::<BigInt, _>(claim.lease_micros)
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<Integer, _>(seen_attempts)
+            ))
+            .bind::<Text, _>(claim.token)
+            .bind::<BigInt, _>(claim.lease_micros)
+            .bind::<Text, _>(claim.key.message_id)
+            .bind::<Text, _>(claim.key.consumer)
+            .bind::<Integer, _>(seen_attempts),
+        )
         .execute(&mut *conn)
         .await;
         committed(conn, taken.map(|rows| rows == 1)).await
@@ -130,13 +133,13 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(format!(
+        let renewed = Prepared(diesel::sql_query(format!(
             "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND {BY_KEY} AND {HELD}"
         ))
         .bind::<BigInt, _>(claim.lease_micros)
         .bind::<Text, _>(claim.key.message_id)
         .bind::<Text, _>(claim.key.consumer)
-        .bind::<Text, _>(claim.token)
+        .bind::<Text, _>(claim.token))
         .execute(&mut *conn)
         .await;
         committed(conn, renewed.map(|rows| rows == 1)).await
@@ -155,12 +158,12 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(format!(
+        Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
              TIMESTAMPDIFF(MICROSECOND, processed_at, NOW(6)) AS age_micros, \
              TIMESTAMPDIFF(MICROSECOND, lease_ends_at, NOW(6)) AS idle_micros \
              FROM inbox WHERE {STALE} ORDER BY id"
-        ))
+        )))
         .load(conn)
         .await
     }
@@ -196,11 +199,13 @@ async fn read_claim_row<C>(conn: &mut C, key: ClaimKey, sql: &str) -> QueryResul
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let rows = diesel::sql_query(sql)
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
-        .load::<ClaimRow>(&mut *conn)
-        .await;
+    let rows = Prepared(
+        diesel::sql_query(sql)
+            .bind::<Text, _>(key.message_id)
+            .bind::<Text, _>(key.consumer),
+    )
+    .load::<ClaimRow>(&mut *conn)
+    .await;
     committed(conn, rows.map(|rows| rows.into_iter().next())).await
 }
 

@@ -10,6 +10,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
+use crate::backend::prepared::Prepared;
 use crate::backend::queries::{
     InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits, plain_insert,
 };
@@ -162,14 +163,16 @@ impl sealed::Sealed for Mysql {
             return Err(roll_back_for(conn, error).await);
         }
         let new = match insert_batch_markers(conn, consumer, message_ids).await {
-            Ok((new, Some(last_new))) => diesel::sql_query(concat!(
-                "SET ",
-                marker_id!(),
-                " = (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
-                session_for_the_body!()
-            ))
-            .bind::<Text, _>(last_new)
-            .bind::<Text, _>(consumer)
+            Ok((new, Some(last_new))) => Prepared(
+                diesel::sql_query(concat!(
+                    "SET ",
+                    marker_id!(),
+                    " = (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
+                    session_for_the_body!()
+                ))
+                .bind::<Text, _>(last_new)
+                .bind::<Text, _>(consumer),
+            )
             .execute(&mut *conn)
             .await
             .map(|_| new),
@@ -204,10 +207,12 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
-            .get_result::<PruneBounds>(conn)
-            .await
-            .optional()
+        Prepared(diesel::sql_query(
+            "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox",
+        ))
+        .get_result::<PruneBounds>(conn)
+        .await
+        .optional()
     }
 
     async fn first_marker_from<C>(
@@ -218,12 +223,14 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(
-            "SELECT id, processed_at < NOW(6) - INTERVAL ? MICROSECOND AS old \
+        Prepared(
+            diesel::sql_query(
+                "SELECT id, processed_at < NOW(6) - INTERVAL ? MICROSECOND AS old \
              FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(id),
         )
-        .bind::<BigInt, _>(window_micros)
-        .bind::<BigInt, _>(id)
         .get_result::<MarkerAge>(conn)
         .await
         .optional()
@@ -240,13 +247,15 @@ impl sealed::Sealed for Mysql {
     {
         // A range of the primary key: concurrent pruners lock it in the same order,
         // so one waits for another instead of deadlocking, then finds those rows gone.
-        diesel::sql_query(
-            "DELETE FROM inbox WHERE id >= ? AND id < ? \
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox WHERE id >= ? AND id < ? \
              AND processed_at < NOW(6) - INTERVAL ? MICROSECOND AND lease_ends_at IS NULL",
+            )
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to)
+            .bind::<BigInt, _>(window_micros),
         )
-        .bind::<BigInt, _>(from)
-        .bind::<BigInt, _>(to)
-        .bind::<BigInt, _>(window_micros)
         .execute(conn)
         .await
     }

@@ -9,15 +9,16 @@ use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+use crate::backend::prepared::Prepared;
 
 /// A conditional update of the claim [`BY_KEY`] names, still held by `token` where given;
 /// whether it updated the row.
 macro_rules! update_claim_by_bytes {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
-        let query = diesel::sql_query($sql)
+        let query = Prepared(diesel::sql_query($sql)
             .bind::<Bytea, _>($key.message_id.into_bytes())
             .bind::<Bytea, _>($key.consumer.into_bytes())
-            $(.bind::<Text, _>($token))?;
+            $(.bind::<Text, _>($token))?);
         let updated = query.execute($conn).await?;
         Ok(updated == 1)
     }};
@@ -49,7 +50,7 @@ impl ClaimStatements for Pg {
     {
         // ON CONFLICT DO NOTHING waits for a concurrent insert of the same key, like
         // the transactional handlers' marker insert, and raises no error to log.
-        let inserted = diesel::sql_query(
+        let inserted = Prepared(diesel::sql_query(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (convert_from($1, 'UTF8'), convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
              ON CONFLICT (message_id, consumer) DO NOTHING",
@@ -58,7 +59,7 @@ impl ClaimStatements for Pg {
         .bind::<Bytea, _>(claim.key.consumer.into_bytes())
         .bind::<BigInt, _>(claim.lease_micros)
         .bind::<Text, _>(claim.token)
-        .bind::<Nullable<Text>, _>(claim.fingerprint)
+        .bind::<Nullable<Text>, _>(claim.fingerprint))
         .execute(conn)
         .await?;
         Ok(inserted == 1)
@@ -68,16 +69,18 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let rows = diesel::sql_query(format!(
-            "SELECT lease_ends_at IS NULL AS completed, \
+        let rows = Prepared(
+            diesel::sql_query(format!(
+                "SELECT lease_ends_at IS NULL AS completed, \
              COALESCE(claim_token IS NOT NULL AND lease_ends_at > now(), false) AS live, \
              lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
              CAST(EXTRACT(EPOCH FROM lease_ends_at - now()) * 1000000 AS bigint) \
              AS lease_remaining_micros, attempts, fingerprint \
              FROM inbox {BY_KEY}"
-        ))
-        .bind::<Bytea, _>(key.message_id.into_bytes())
-        .bind::<Bytea, _>(key.consumer.into_bytes())
+            ))
+            .bind::<Bytea, _>(key.message_id.into_bytes())
+            .bind::<Bytea, _>(key.consumer.into_bytes()),
+        )
         .load::<ClaimRow>(conn)
         .await?;
         Ok(rows.into_iter().next())
@@ -89,16 +92,18 @@ impl ClaimStatements for Pg {
     {
         // A second taker waits for the first one's row lock, then finds the attempt
         // count moved on: READ COMMITTED re-checks the condition on the new row.
-        let taken = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = $3, \
+        let taken = Prepared(
+            diesel::sql_query(format!(
+                "UPDATE inbox SET claim_token = $3, \
              lease_ends_at = now() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
              {BY_KEY} AND attempts = $5 AND {STALE}"
-        ))
-        .bind::<Bytea, _>(claim.key.message_id.into_bytes())
-        .bind::<Bytea, _>(claim.key.consumer.into_bytes())
-        .bind::<Text, _>(claim.token)
-        .bind::<BigInt, _>(claim.lease_micros)
-        .bind::<Integer, _>(seen_attempts)
+            ))
+            .bind::<Bytea, _>(claim.key.message_id.into_bytes())
+            .bind::<Bytea, _>(claim.key.consumer.into_bytes())
+            .bind::<Text, _>(claim.token)
+            .bind::<BigInt, _>(claim.lease_micros)
+            .bind::<Integer, _>(seen_attempts),
+        )
         .execute(conn)
         .await?;
         Ok(taken == 1)
@@ -116,14 +121,16 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
+        let renewed = Prepared(
+            diesel::sql_query(format!(
+                "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
              {BY_KEY} AND {HELD}"
-        ))
-        .bind::<Bytea, _>(claim.key.message_id.into_bytes())
-        .bind::<Bytea, _>(claim.key.consumer.into_bytes())
-        .bind::<Text, _>(claim.token)
-        .bind::<BigInt, _>(claim.lease_micros)
+            ))
+            .bind::<Bytea, _>(claim.key.message_id.into_bytes())
+            .bind::<Bytea, _>(claim.key.consumer.into_bytes())
+            .bind::<Text, _>(claim.token)
+            .bind::<BigInt, _>(claim.lease_micros),
+        )
         .execute(conn)
         .await?;
         Ok(renewed == 1)
@@ -141,12 +148,12 @@ impl ClaimStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(format!(
+        Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
              CAST(EXTRACT(EPOCH FROM now() - processed_at) * 1000000 AS bigint) AS age_micros, \
              CAST(EXTRACT(EPOCH FROM now() - lease_ends_at) * 1000000 AS bigint) AS idle_micros \
              FROM inbox WHERE {STALE} ORDER BY id"
-        ))
+        )))
         .load(conn)
         .await
     }

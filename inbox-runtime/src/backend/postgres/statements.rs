@@ -10,6 +10,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
 use super::ABORTED_TRANSACTION;
 use super::markers::{self, Behind, Found, MarkerExists};
+use crate::backend::prepared::Prepared;
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{
     end_unless_inserted, enter_transaction, leave_transaction, roll_back_for,
@@ -141,10 +142,12 @@ impl sealed::Sealed for diesel::pg::Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
-            .get_result::<PruneBounds>(conn)
-            .await
-            .optional()
+        Prepared(diesel::sql_query(
+            "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox",
+        ))
+        .get_result::<PruneBounds>(conn)
+        .await
+        .optional()
     }
 
     async fn first_marker_from<C>(
@@ -155,12 +158,14 @@ impl sealed::Sealed for diesel::pg::Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(
-            "SELECT id, processed_at < now() - $1 * INTERVAL '1 microsecond' AS old \
+        Prepared(
+            diesel::sql_query(
+                "SELECT id, processed_at < now() - $1 * INTERVAL '1 microsecond' AS old \
              FROM inbox WHERE id >= $2 ORDER BY id LIMIT 1",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(id),
         )
-        .bind::<BigInt, _>(window_micros)
-        .bind::<BigInt, _>(id)
         .get_result::<MarkerAge>(conn)
         .await
         .optional()
@@ -177,15 +182,17 @@ impl sealed::Sealed for diesel::pg::Pg {
     {
         // SKIP LOCKED: concurrent pruners take disjoint rows instead of waiting for
         // each other's, which they would then find deleted.
-        diesel::sql_query(
-            "DELETE FROM inbox WHERE id IN (\
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox WHERE id IN (\
              SELECT id FROM inbox WHERE id >= $2 AND id < $3 \
              AND processed_at < now() - $1 * INTERVAL '1 microsecond' \
              AND lease_ends_at IS NULL FOR UPDATE SKIP LOCKED)",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to),
         )
-        .bind::<BigInt, _>(window_micros)
-        .bind::<BigInt, _>(from)
-        .bind::<BigInt, _>(to)
         .execute(conn)
         .await
     }

@@ -12,6 +12,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use crate::backend::claim_statements::{
     ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
+use crate::backend::prepared::Prepared;
 
 /// Now, in the format leases are stored in.
 macro_rules! now {
@@ -63,16 +64,18 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let inserted = diesel::sql_query(
-            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
+        let inserted = Prepared(
+            diesel::sql_query(
+                "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, 1, ?) \
              ON CONFLICT (message_id, consumer) DO NOTHING",
+            )
+            .bind::<Text, _>(claim.key.message_id)
+            .bind::<Text, _>(claim.key.consumer)
+            .bind::<Text, _>(ahead(claim.lease_micros))
+            .bind::<Text, _>(claim.token)
+            .bind::<Nullable<Text>, _>(claim.fingerprint),
         )
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<Text, _>(ahead(claim.lease_micros))
-        .bind::<Text, _>(claim.token)
-        .bind::<Nullable<Text>, _>(claim.fingerprint)
         .execute(conn)
         .await?;
         Ok(inserted == 1)
@@ -82,18 +85,20 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let rows = diesel::sql_query(concat!(
-            "SELECT lease_ends_at IS NULL AS completed, \
+        let rows = Prepared(
+            diesel::sql_query(concat!(
+                "SELECT lease_ends_at IS NULL AS completed, \
              COALESCE(claim_token IS NOT NULL AND lease_ends_at > ",
-            now!(),
-            ", 0) AS live, \
+                now!(),
+                ", 0) AS live, \
              lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, ",
-            micros_between!(now!(), "lease_ends_at"),
-            " AS lease_remaining_micros, attempts, fingerprint \
+                micros_between!(now!(), "lease_ends_at"),
+                " AS lease_remaining_micros, attempts, fingerprint \
              FROM inbox WHERE message_id = ? AND consumer = ?"
-        ))
-        .bind::<Text, _>(key.message_id)
-        .bind::<Text, _>(key.consumer)
+            ))
+            .bind::<Text, _>(key.message_id)
+            .bind::<Text, _>(key.consumer),
+        )
         .load::<ClaimRow>(conn)
         .await?;
         Ok(rows.into_iter().next())
@@ -103,16 +108,18 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let taken = diesel::sql_query(format!(
-            "UPDATE inbox SET claim_token = ?, \
+        let taken = Prepared(
+            diesel::sql_query(format!(
+                "UPDATE inbox SET claim_token = ?, \
              lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), attempts = attempts + 1 \
              {BY_KEY} AND attempts = ? AND {STALE}"
-        ))
-        .bind::<Text, _>(claim.token)
-        .bind::<Text, _>(ahead(claim.lease_micros))
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<Integer, _>(seen_attempts)
+            ))
+            .bind::<Text, _>(claim.token)
+            .bind::<Text, _>(ahead(claim.lease_micros))
+            .bind::<Text, _>(claim.key.message_id)
+            .bind::<Text, _>(claim.key.consumer)
+            .bind::<Integer, _>(seen_attempts),
+        )
         .execute(conn)
         .await?;
         Ok(taken == 1)
@@ -130,14 +137,16 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+        let renewed = Prepared(
+            diesel::sql_query(format!(
+                "UPDATE inbox SET lease_ends_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
              {BY_KEY} AND {HELD}"
-        ))
-        .bind::<Text, _>(ahead(claim.lease_micros))
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<Text, _>(claim.token)
+            ))
+            .bind::<Text, _>(ahead(claim.lease_micros))
+            .bind::<Text, _>(claim.key.message_id)
+            .bind::<Text, _>(claim.key.consumer)
+            .bind::<Text, _>(claim.token),
+        )
         .execute(conn)
         .await?;
         Ok(renewed == 1)
@@ -155,12 +164,12 @@ impl ClaimStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(format!(
+        Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
              {age} AS age_micros, {idle} AS idle_micros FROM inbox WHERE {STALE} ORDER BY id",
             age = micros_between!("processed_at", now!()),
             idle = micros_between!("lease_ends_at", now!()),
-        ))
+        )))
         .load(conn)
         .await
     }

@@ -10,6 +10,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::Sqlite;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use crate::backend::prepared::Prepared;
 use crate::backend::queries::{
     InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, marker_row, plain_insert,
 };
@@ -138,10 +139,12 @@ impl sealed::Sealed for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query("SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox")
-            .get_result::<PruneBounds>(conn)
-            .await
-            .optional()
+        Prepared(diesel::sql_query(
+            "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox",
+        ))
+        .get_result::<PruneBounds>(conn)
+        .await
+        .optional()
     }
 
     async fn first_marker_from<C>(
@@ -152,12 +155,14 @@ impl sealed::Sealed for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        diesel::sql_query(
-            "SELECT id, processed_at < datetime('now', ?) AS old \
+        Prepared(
+            diesel::sql_query(
+                "SELECT id, processed_at < datetime('now', ?) AS old \
              FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
+            )
+            .bind::<Text, _>(seconds_ago(window_micros))
+            .bind::<BigInt, _>(id),
         )
-        .bind::<Text, _>(seconds_ago(window_micros))
-        .bind::<BigInt, _>(id)
         .get_result::<MarkerAge>(conn)
         .await
         .optional()
@@ -173,13 +178,15 @@ impl sealed::Sealed for Sqlite {
         C: AsyncConnection<Backend = Self>,
     {
         // SQLite has one writer at a time: concurrent pruners take turns.
-        diesel::sql_query(
-            "DELETE FROM inbox WHERE id >= ? AND id < ? \
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox WHERE id >= ? AND id < ? \
              AND processed_at < datetime('now', ?) AND lease_ends_at IS NULL",
+            )
+            .bind::<BigInt, _>(from)
+            .bind::<BigInt, _>(to)
+            .bind::<Text, _>(seconds_ago(window_micros)),
         )
-        .bind::<BigInt, _>(from)
-        .bind::<BigInt, _>(to)
-        .bind::<Text, _>(seconds_ago(window_micros))
         .execute(conn)
         .await
     }
