@@ -28,9 +28,12 @@ def strip_comments_and_tests(source):
     # Line comments (doc comments and intra-doc links included) and block comments.
     source = re.sub(r"/\*.*?\*/", "", source, flags=re.S)
     source = re.sub(r"//[^\n]*", "", source)
-    # A file's unit tests sit in `#[cfg(test)] mod tests { … }` at its end; their
-    # `super::*` names the file's own module, and test code is not part of the layering.
-    cut = re.search(r"#\[cfg\(test\)\]\s*(pub\s+)?mod\s+\w+\s*\{", source)
+    # A file's unit tests sit in `#[cfg(test)] mod tests { … }` at its end (or under
+    # `cfg(all(test, …))`); their `super::*` names the file's own module, and test code
+    # is not part of the layering.
+    cut = re.search(
+        r"#\[cfg\((?:test|all\(test\b[^\]]*)\)\]\s*(pub\s+)?mod\s+\w+\s*\{", source
+    )
     return source[: cut.start()] if cut else source
 
 
