@@ -8,6 +8,7 @@
 //! marker commit together or not at all.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -212,8 +213,7 @@ where
     let registration = handler.registration;
     let span = report::batch_span(registration, messages.len());
     let started = Instant::now();
-    let opened =
-        Box::pin(open(conn, begin, registration.consumer, message_ids).instrument(span.clone()));
+    let opened = open(conn, begin, registration.consumer, message_ids, &span);
     let stopped = match opened.await {
         Ok(Opened {
             enclosing,
@@ -227,8 +227,7 @@ where
                 .map(|(_, message)| message)
                 .collect();
             let result = body(&mut *conn, to_process).instrument(span.clone()).await;
-            let closed =
-                Box::pin(call::close(conn, enclosing, result.is_ok()).instrument(span.clone()));
+            let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(BatchOutcome {
                     value: Some(value),
@@ -258,7 +257,7 @@ where
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => {
-            let error = Box::pin(call::explain(conn, error, &span)).await;
+            let error = call::explain(conn, error, &span).await;
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -274,7 +273,7 @@ where
 }
 
 /// A batch whose transaction has begun with its markers: which of them are new.
-struct Opened {
+pub(crate) struct Opened {
     enclosing: Enclosing,
     markers: Markers,
     new: Vec<bool>,
@@ -283,7 +282,21 @@ struct Opened {
 /// Everything before the body: the keys checked, then the batch's transaction begun
 /// with its markers (or a test transaction's savepoint). A batch with no new message
 /// ends there, as a duplicate.
-async fn open<C>(
+pub(crate) fn open<'c, C>(
+    conn: &'c mut C,
+    begin: Begin<C>,
+    consumer: &'static str,
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    span: &tracing::Span,
+) -> Pin<Box<impl Future<Output = Result<Opened, Stop<Infallible>>> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Box::pin(open_unboxed(conn, begin, consumer, message_ids).instrument(span.clone()))
+}
+
+async fn open_unboxed<C>(
     conn: &mut C,
     begin: Begin<C>,
     consumer: &'static str,

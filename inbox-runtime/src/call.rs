@@ -1,8 +1,11 @@
 //! The steps a transactional or batch call takes after its body, whatever the body's
 //! types: compiled once per connection type rather than once per handler.
 
+use std::pin::Pin;
+
 use diesel::result::Error;
 use diesel_async::AsyncConnection;
+use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
@@ -14,11 +17,20 @@ use crate::test_transaction;
 /// Commits what the call began when its body `succeeded`, rolls it back otherwise.
 /// `Err` is a database error that replaces the body's result: a failed commit, or a
 /// rollback that failed in a way that explains more than the body's own error.
-pub(crate) async fn close<C>(
-    conn: &mut C,
+pub(crate) fn close<'c, C>(
+    conn: &'c mut C,
     enclosing: Enclosing,
     succeeded: bool,
-) -> Result<(), Error>
+    span: &tracing::Span,
+) -> Pin<Box<impl Future<Output = Result<(), Error>> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Box::pin(close_unboxed(conn, enclosing, succeeded).instrument(span.clone()))
+}
+
+async fn close_unboxed<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -39,7 +51,19 @@ where
 
 /// A database error that ends the call, explained where the session's settings are the
 /// cause, and recorded on the call's span.
-pub(crate) async fn explain<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
+pub(crate) fn explain<'c, C>(
+    conn: &'c mut C,
+    error: Error,
+    span: &'c tracing::Span,
+) -> Pin<Box<impl Future<Output = Error> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Box::pin(explain_unboxed(conn, error, span))
+}
+
+async fn explain_unboxed<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,

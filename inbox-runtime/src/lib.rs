@@ -21,6 +21,8 @@ mod error;
 mod fast_path;
 mod fingerprint;
 mod handler;
+#[doc(hidden)]
+pub mod instances;
 mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::time::Instant;
 
 use diesel_async::AsyncConnection;
@@ -77,15 +78,19 @@ where
         read_first,
     );
     let started = Instant::now();
-    let opened = Box::pin(
-        open(conn, begin, handler, message_id, read_first, fingerprint).instrument(span.clone()),
-    )
-    .await;
-    let stopped = match opened {
+    let opened = open(
+        conn,
+        begin,
+        handler,
+        message_id,
+        read_first,
+        fingerprint,
+        &span,
+    );
+    let stopped = match opened.await {
         Ok(enclosing) => {
             let result = body(&mut *conn).instrument(span.clone()).await;
-            let closed =
-                Box::pin(call::close(conn, enclosing, result.is_ok()).instrument(span.clone()));
+            let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(value),
                 (Err(error), Ok(())) => Err(Stop::Handler(error)),
@@ -109,7 +114,7 @@ where
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => {
-            let error = Box::pin(call::explain(conn, error, &span)).await;
+            let error = call::explain(conn, error, &span).await;
             (Err((error_type.from_diesel)(error)), "database_error")
         }
     };
@@ -120,7 +125,26 @@ where
 /// Everything before the body: the key checked, the fast path's read, then the call's
 /// transaction begun with the marker in it (or a test transaction's savepoint). `Ok`
 /// says what the call runs in; a duplicate whose fingerprint differs is an error.
-async fn open<C>(
+pub(crate) fn open<'c, C>(
+    conn: &'c mut C,
+    begin: Begin<C>,
+    handler: &'static Handler,
+    message_id: Result<String, InvalidKey>,
+    read_first: bool,
+    fingerprint: Option<Fingerprint>,
+    span: &tracing::Span,
+) -> Pin<Box<impl Future<Output = Result<Enclosing, Stop<Infallible>>> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Box::pin(
+        open_unboxed(conn, begin, handler, message_id, read_first, fingerprint)
+            .instrument(span.clone()),
+    )
+}
+
+async fn open_unboxed<C>(
     conn: &mut C,
     begin: Begin<C>,
     handler: &'static Handler,

@@ -10,7 +10,7 @@
 //! system.
 
 mod operator;
-mod protocol;
+pub(crate) mod protocol;
 
 use std::time::Duration;
 

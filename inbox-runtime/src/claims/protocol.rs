@@ -1,5 +1,6 @@
 //! The claim, the body and the completion, as `#[idempotent(…, claim)]` runs them.
 
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use diesel::result::Error;
@@ -66,7 +67,7 @@ impl ClaimPolicy {
 }
 
 /// Why the body does not run for this delivery.
-enum NotRun {
+pub(crate) enum NotRun {
     Duplicate,
     InProgress(Option<Duration>),
     Database(Error),
@@ -79,7 +80,7 @@ impl From<Error> for NotRun {
 }
 
 /// A claim this delivery holds, with the lease the body needs left on it.
-struct Held {
+pub(crate) struct Held {
     claim: Claim,
     key: ClaimKey,
 }
@@ -108,10 +109,8 @@ where
     let registration = handler.registration;
     let span = report::delivery_span(registration, message_id.as_deref().ok(), "claim", false);
     let started = Instant::now();
-    let claimed = Box::pin(
-        claim(conn, registration.consumer, message_id, policy, fingerprint)
-            .instrument(span.clone()),
-    );
+    let consumer = registration.consumer;
+    let claimed = claim(conn, consumer, message_id, policy, fingerprint, &span);
     let (result, outcome) = match claimed.await {
         Ok(held) => {
             let ran = held
@@ -120,7 +119,7 @@ where
                 .scope(body(&mut *conn))
                 .instrument(span.clone())
                 .await;
-            let settled = Box::pin(settle(conn, held, ran.is_ok()).instrument(span.clone()));
+            let settled = settle(conn, held, ran.is_ok(), &span);
             match (ran, settled.await) {
                 (Ok(value), Ok(())) => (Ok(Outcome::Processed(value)), "processed"),
                 (Err(error), Ok(())) => {
@@ -172,7 +171,23 @@ fn not_completed(span: &tracing::Span, error: &Error) {
 
 /// Everything before the body: the key and lease checked, the key claimed (or a claim
 /// nobody holds taken over), and enough of the lease left for the body.
-async fn claim<C>(
+pub(crate) fn claim<'c, C>(
+    conn: &'c mut C,
+    consumer: &'static str,
+    message_id: Result<String, InvalidKey>,
+    policy: ClaimPolicy,
+    fingerprint: Option<Fingerprint>,
+    span: &tracing::Span,
+) -> Pin<Box<impl Future<Output = Result<Held, NotRun>> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let claimed = claim_unboxed(conn, consumer, message_id, policy, fingerprint);
+    Box::pin(claimed.instrument(span.clone()))
+}
+
+async fn claim_unboxed<C>(
     conn: &mut C,
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
@@ -209,7 +224,20 @@ where
 /// Everything after the body: completes the claim when the body `succeeded`, releases
 /// it otherwise so that the next delivery runs at once. `Err` is a database error that
 /// replaces the body's result.
-async fn settle<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
+pub(crate) fn settle<'c, C>(
+    conn: &'c mut C,
+    held: Held,
+    succeeded: bool,
+    span: &tracing::Span,
+) -> Pin<Box<impl Future<Output = Result<(), Error>> + 'c>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Box::pin(settle_unboxed(conn, held, succeeded).instrument(span.clone()))
+}
+
+async fn settle_unboxed<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
