@@ -128,7 +128,7 @@ pub mod __private {
     pub use inbox_runtime::{
         ClaimPolicy, ConnectionParameter, DatabaseClassOf, FastPath, Fingerprint, Handler,
         HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,
-        outside_any_claim, register_handler, run, run_claimed,
+        register_handler, run, run_claimed,
     };
     pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
 }

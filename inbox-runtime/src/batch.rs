@@ -18,6 +18,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::begin::Begin;
+use crate::body_scope::InBody;
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
@@ -226,7 +227,7 @@ where
                 .filter(|&(index, _)| markers.processes(index, &new))
                 .map(|(_, message)| message)
                 .collect();
-            let result = body(&mut *conn, to_process).instrument(span.clone()).await;
+            let result = InBody::new(body(&mut *conn, to_process), None, &span).await;
             let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(BatchOutcome {

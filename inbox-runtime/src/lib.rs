@@ -12,6 +12,7 @@
 mod backend;
 mod batch;
 mod begin;
+mod body_scope;
 mod call;
 pub mod claims;
 mod classify;
@@ -47,7 +48,7 @@ mod verdict;
 pub use backend::InboxBackend;
 pub use batch::{BatchOutcome, BatchParameter, batch_keys, batch_messages, run_batch};
 pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
-pub use claims::{Claim, ClaimPolicy, outside_any_claim, run_claimed};
+pub use claims::{Claim, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;
 pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey};

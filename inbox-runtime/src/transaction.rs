@@ -10,6 +10,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::begin::Begin;
+use crate::body_scope::InBody;
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
@@ -89,7 +90,7 @@ where
     );
     let stopped = match opened.await {
         Ok(enclosing) => {
-            let result = body(&mut *conn).instrument(span.clone()).await;
+            let result = InBody::new(body(&mut *conn), None, &span).await;
             let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(value),

@@ -58,14 +58,14 @@ pub(crate) fn expand_run(
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
-            #krate::__private::outside_any_claim(#krate::__private::run_batch(
+            #krate::__private::run_batch(
                 #connection,
                 &#registration,
                 #slice,
                 #message_ids,
                 #error_type,
                 #closure,
-            ))
+            )
             .await
         )
     };

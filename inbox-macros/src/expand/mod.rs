@@ -176,12 +176,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
                     #closure,
                 )
             );
-            // A transactional body is no claim's, even inside a claim's body.
-            if claim_mode {
-                quote_spanned!(conn.span()=> #call.await)
-            } else {
-                quote_spanned!(conn.span()=> #krate::__private::outside_any_claim(#call).await)
-            }
+            quote_spanned!(conn.span()=> #call.await)
         };
         quote! {
             let #message_id = #encode;

@@ -1,0 +1,242 @@
+//! What a handler's body runs in. On every poll of the body the delivery's span is
+//! entered and [`Claim::current`] reads the body's claim: claim mode's, or none in a
+//! transactional or batch body, even one called from a claim's body. One small wrapper
+//! per body does both, in place of a task-local scope and an instrumented future, so
+//! that a handler compiles to little code of its own.
+
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// The claim a claim-mode body runs under.
+///
+/// ```
+/// # use inbox_runtime as diesel_inbox;
+/// # async fn charge(_: uuid::Uuid) {}
+/// # async fn body() {
+/// // Inside `#[idempotent(…, claim)]`:
+/// let claim = diesel_inbox::Claim::current();
+/// // The same key on every attempt: the provider deduplicates a retried charge.
+/// charge(claim.idempotency_key()).await;
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub(crate) message_id: String,
+    pub(crate) consumer: &'static str,
+    pub(crate) attempt: u32,
+    pub(crate) token: uuid::Uuid,
+    pub(crate) lease: Duration,
+}
+
+thread_local! {
+    /// The claim of the claim-mode body being polled on this thread; `None` while a
+    /// transactional or batch handler's body is, which is no claim's, even within a
+    /// claim's body.
+    static CURRENT: RefCell<Option<Claim>> = const { RefCell::new(None) };
+}
+
+/// Derives [`Claim::idempotency_key`]: a fixed namespace, so that the same (consumer,
+/// key) gives the same UUID in every process and every version.
+const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::uuid!("5d1b6c1e-7c3a-4f0e-9a43-6b1f0d2c8e71");
+
+impl Claim {
+    /// The claim of the claim-mode body being run.
+    ///
+    /// # Panics
+    ///
+    /// Outside a claim-mode handler's body, including in a task the body spawned (hand
+    /// that task a clone instead); [`Claim::try_current`] returns `None` there.
+    #[track_caller]
+    pub fn current() -> Self {
+        Self::try_current().expect(
+            "`Claim::current()` is only available inside the body of an \
+             `#[idempotent(…, claim)]` handler, on the body's own task",
+        )
+    }
+
+    /// The claim of the claim-mode body being run, or `None` outside one. A
+    /// transactional or batch handler called from a claim's body runs outside it: its
+    /// body sees `None`, not the enclosing claim.
+    pub fn try_current() -> Option<Self> {
+        CURRENT
+            .try_with(|current| current.borrow().clone())
+            .ok()
+            .flatten()
+    }
+
+    /// The message's key, as stored in the inbox's `message_id` column.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// The handler's consumer name.
+    pub fn consumer(&self) -> &'static str {
+        self.consumer
+    }
+
+    /// Which attempt this is: 1 for the first delivery that claimed the message, one
+    /// more for each takeover after a lease ended or a failed body released the claim.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// This attempt's token: it names the holder in the inbox, and changes with every
+    /// attempt. Useful to correlate logs; hand the downstream system
+    /// [`Claim::idempotency_key`] instead, which does not change.
+    pub fn token(&self) -> uuid::Uuid {
+        self.token
+    }
+
+    /// The key to deduplicate by downstream: a UUID (version 5) of the consumer and the
+    /// message's key, the same on every attempt and in every process, so that a call
+    /// repeated by a takeover is recognised as the same call. 36 characters as text,
+    /// which every provider's idempotency-key header accepts.
+    pub fn idempotency_key(&self) -> uuid::Uuid {
+        let mut name = Vec::with_capacity(self.consumer.len() + self.message_id.len() + 8);
+        // Length-prefixed, so that no two (consumer, key) pairs give the same name.
+        name.extend_from_slice(&(self.consumer.len() as u64).to_be_bytes());
+        name.extend_from_slice(self.consumer.as_bytes());
+        name.extend_from_slice(self.message_id.as_bytes());
+        uuid::Uuid::new_v5(&IDEMPOTENCY_NAMESPACE, &name)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body's future, run in its scope.
+    pub(crate) struct InBody<F> {
+        claim: Option<Claim>,
+        span: tracing::Span,
+        // `None` once dropped in the scope, as its destructors may read the claim too.
+        #[pin]
+        body: Option<F>,
+    }
+
+    impl<F> PinnedDrop for InBody<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            let _scope = Entered::new(this.claim, this.span);
+            this.body.set(None);
+        }
+    }
+}
+
+impl<F> InBody<F> {
+    /// `body` under `claim`, in `span`.
+    pub(crate) fn new(body: F, claim: Option<Claim>, span: &tracing::Span) -> Self {
+        Self {
+            claim,
+            span: span.clone(),
+            body: Some(body),
+        }
+    }
+}
+
+impl<F: Future> Future for InBody<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _scope = Entered::new(this.claim, this.span);
+        match this.body.as_pin_mut() {
+            Some(body) => body.poll(cx),
+            None => unreachable!("a body's future is dropped only with its scope"),
+        }
+    }
+}
+
+/// The scope entered for one poll: not generic, so compiled once, here.
+struct Entered<'a> {
+    claim: &'a mut Option<Claim>,
+    _span: tracing::span::Entered<'a>,
+}
+
+impl<'a> Entered<'a> {
+    fn new(claim: &'a mut Option<Claim>, span: &'a tracing::Span) -> Self {
+        swap_current(claim);
+        Self {
+            claim,
+            _span: span.enter(),
+        }
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        swap_current(self.claim);
+    }
+}
+
+/// Makes `claim` this thread's current claim, and leaves the one it replaces in its
+/// place: called twice, it restores the outer scope's.
+fn swap_current(claim: &mut Option<Claim>) {
+    CURRENT.with_borrow_mut(|current| std::mem::swap(current, claim));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use super::{Claim, InBody};
+
+    fn claim(consumer: &'static str) -> Claim {
+        Claim {
+            message_id: "m".to_owned(),
+            consumer,
+            attempt: 1,
+            token: uuid::Uuid::nil(),
+            lease: Duration::from_secs(1),
+        }
+    }
+
+    fn current_consumer() -> Option<&'static str> {
+        Claim::try_current().map(|claim| claim.consumer())
+    }
+
+    /// Reads the current claim when dropped.
+    struct ReadsOnDrop(&'static std::sync::Mutex<Vec<Option<&'static str>>>);
+
+    impl Drop for ReadsOnDrop {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(current_consumer());
+        }
+    }
+
+    #[test]
+    fn scopes_nest_and_each_poll_restores_the_outer_claim() {
+        let inner = InBody::new(async { current_consumer() }, None, &tracing::Span::none());
+        let outer = InBody::new(
+            async {
+                let before = current_consumer();
+                let inner = inner.await;
+                (before, inner, current_consumer())
+            },
+            Some(claim("outer")),
+            &tracing::Span::none(),
+        );
+        let mut outer = Box::pin(outer);
+        let polled = outer.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert_eq!(polled, Poll::Ready((Some("outer"), None, Some("outer"))));
+        assert_eq!(current_consumer(), None);
+    }
+
+    #[test]
+    fn a_body_dropped_before_it_ends_is_dropped_in_its_scope() {
+        static SEEN: std::sync::Mutex<Vec<Option<&'static str>>> =
+            std::sync::Mutex::new(Vec::new());
+        let body = async {
+            let _reads = ReadsOnDrop(&SEEN);
+            poll_fn(|_| Poll::<()>::Pending).await;
+        };
+        let mut body = Box::pin(InBody::new(body, Some(claim("c")), &tracing::Span::none()));
+        let polled = body.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(polled.is_pending());
+        assert_eq!(current_consumer(), None);
+        drop(body);
+        assert_eq!(*SEEN.lock().unwrap(), [Some("c")]);
+        assert_eq!(current_consumer(), None);
+    }
+}
