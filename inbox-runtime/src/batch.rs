@@ -257,10 +257,7 @@ where
             report::handler_error(&span, (error_type.database_class)(&error));
             (Err(error), "handler_error")
         }
-        Err(Stop::Database(error)) => {
-            let error = call::explain(conn, error, &span).await;
-            (Err((error_type.from_diesel)(error)), "database_error")
-        }
+        Err(Stop::Database(error)) => (Err((error_type.from_diesel)(error)), "database_error"),
     };
     // Each message counts as a delivery of its own; a failed batch, all with its error.
     let settled = result.as_ref().map_or(&[][..], BatchOutcome::outcomes);
@@ -294,7 +291,12 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    Box::pin(open_unboxed(conn, begin, consumer, message_ids).instrument(span.clone()))
+    let explained_in = span.clone();
+    let opened = async move {
+        let opened = open_unboxed(&mut *conn, begin, consumer, message_ids).await;
+        call::explained(conn, opened, &explained_in).await
+    };
+    Box::pin(opened.instrument(span.clone()))
 }
 
 async fn open_unboxed<C>(

@@ -11,12 +11,14 @@ use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::classify::classify;
 use crate::enclosing::Enclosing;
+use crate::outcome::Stop;
 use crate::session_check;
 use crate::test_transaction;
 
 /// Commits what the call began when its body `succeeded`, rolls it back otherwise.
-/// `Err` is a database error that replaces the body's result: a failed commit, or a
-/// rollback that failed in a way that explains more than the body's own error.
+/// `Err` is a database error, explained, that replaces the body's result: a failed
+/// commit, or a rollback that failed in a way that explains more than the body's own
+/// error.
 pub(crate) fn close<'c, C>(
     conn: &'c mut C,
     enclosing: Enclosing,
@@ -27,7 +29,14 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    Box::pin(close_unboxed(conn, enclosing, succeeded).instrument(span.clone()))
+    let explained_in = span.clone();
+    let closed = async move {
+        match close_unboxed(&mut *conn, enclosing, succeeded).await {
+            Ok(()) => Ok(()),
+            Err(error) => Err(explain(conn, error, &explained_in).await),
+        }
+    };
+    Box::pin(closed.instrument(span.clone()))
 }
 
 async fn close_unboxed<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
@@ -49,21 +58,25 @@ where
     }
 }
 
-/// A database error that ends the call, explained where the session's settings are the
-/// cause, and recorded on the call's span.
-pub(crate) fn explain<'c, C>(
-    conn: &'c mut C,
-    error: Error,
-    span: &'c tracing::Span,
-) -> Pin<Box<impl Future<Output = Error> + 'c>>
+/// A step's result, with the database error that ended it explained (see [`explain`]).
+pub(crate) async fn explained<C, T, E>(
+    conn: &mut C,
+    result: Result<T, Stop<E>>,
+    span: &tracing::Span,
+) -> Result<T, Stop<E>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    Box::pin(explain_unboxed(conn, error, span))
+    match result {
+        Err(Stop::Database(error)) => Err(Stop::Database(explain(conn, error, span).await)),
+        result => result,
+    }
 }
 
-async fn explain_unboxed<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
+/// A database error that ends the call, explained where the session's settings are the
+/// cause, and recorded on the call's span.
+async fn explain<C>(conn: &mut C, error: Error, span: &tracing::Span) -> Error
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,

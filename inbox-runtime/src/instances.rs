@@ -8,7 +8,6 @@
 
 use std::pin::Pin;
 
-use diesel::result::Error;
 use diesel_async::AsyncConnection;
 
 use crate::backend::InboxBackend;
@@ -58,7 +57,6 @@ where
     let _ = transaction::open(conn, begin, &HANDLER, message_id, false, None, &span).await;
     let _ = batch::open(conn, Begin::in_sequence(), "", Ok(Vec::new()), &span).await;
     let _ = call::close(conn, Enclosing::Nothing, true, &span).await;
-    let _ = call::explain(conn, Error::NotFound, &span).await;
     let policy = ClaimPolicy::new(None, None, false);
     if let Ok(held) = protocol::claim(conn, "", Ok(String::new()), policy, None, &span).await {
         let _ = protocol::settle(conn, held, true, &span).await;

@@ -114,10 +114,7 @@ where
             report::handler_error(&span, (error_type.database_class)(&error));
             (Err(error), "handler_error")
         }
-        Err(Stop::Database(error)) => {
-            let error = call::explain(conn, error, &span).await;
-            (Err((error_type.from_diesel)(error)), "database_error")
-        }
+        Err(Stop::Database(error)) => (Err((error_type.from_diesel)(error)), "database_error"),
     };
     report::finished(&span, handler.registration, outcome, started.elapsed());
     result
@@ -125,7 +122,8 @@ where
 
 /// Everything before the body: the key checked, the fast path's read, then the call's
 /// transaction begun with the marker in it (or a test transaction's savepoint). `Ok`
-/// says what the call runs in; a duplicate whose fingerprint differs is an error.
+/// says what the call runs in; a duplicate whose fingerprint differs is an error, and a
+/// database error comes explained (see [`call::explained`]).
 pub(crate) fn open<'c, C>(
     conn: &'c mut C,
     begin: Begin<C>,
@@ -139,10 +137,20 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    Box::pin(
-        open_unboxed(conn, begin, handler, message_id, read_first, fingerprint)
-            .instrument(span.clone()),
-    )
+    let explained_in = span.clone();
+    let opened = async move {
+        let opened = open_unboxed(
+            &mut *conn,
+            begin,
+            handler,
+            message_id,
+            read_first,
+            fingerprint,
+        )
+        .await;
+        call::explained(conn, opened, &explained_in).await
+    };
+    Box::pin(opened.instrument(span.clone()))
 }
 
 async fn open_unboxed<C>(
