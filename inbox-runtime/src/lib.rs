@@ -22,6 +22,7 @@ mod error;
 mod fast_path;
 mod fingerprint;
 mod handler;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[doc(hidden)]
 pub mod instances;
 mod key;
