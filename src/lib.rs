@@ -106,6 +106,7 @@ pub use inbox_macros::idempotent;
 pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
+pub use inbox_runtime::outbox;
 pub use inbox_runtime::schema;
 pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{

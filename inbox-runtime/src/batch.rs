@@ -18,7 +18,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::begin::Begin;
-use crate::body_scope::InBody;
+use crate::body_scope::{InBody, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
@@ -160,6 +160,16 @@ impl Markers {
         new[key] && self.first[key] == index
     }
 
+    /// The key of the batch's first message to process: the outbox derives the default
+    /// ids of the body's messages from it. Unique to this batch among those that
+    /// commit, since a key is new in only one committed batch.
+    fn first_new_key(&self, new: &[bool]) -> String {
+        (0..self.key_of.len())
+            .find(|&index| self.processes(index, new))
+            .map(|index| self.message_ids[self.key_of[index]].clone())
+            .unwrap_or_default()
+    }
+
     /// Each message's outcome, in the batch's order.
     fn outcomes(&self, new: &[bool]) -> Vec<Outcome<()>> {
         (0..self.key_of.len())
@@ -227,7 +237,8 @@ where
                 .filter(|&(index, _)| markers.processes(index, &new))
                 .map(|(_, message)| message)
                 .collect();
-            let result = InBody::new(body(&mut *conn, to_process), None, &span).await;
+            let scope = Scope::delivery(registration.consumer, markers.first_new_key(&new));
+            let result = InBody::new(body(&mut *conn, to_process), scope, &span).await;
             let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(BatchOutcome {

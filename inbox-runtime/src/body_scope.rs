@@ -1,8 +1,9 @@
 //! What a handler's body runs in. On every poll of the body the delivery's span is
-//! entered and [`Claim::current`] reads the body's claim: claim mode's, or none in a
-//! transactional or batch body, even one called from a claim's body. One small wrapper
-//! per body does both, in place of a task-local scope and an instrumented future, so
-//! that a handler compiles to little code of its own.
+//! entered, [`Claim::current`] reads the body's claim (claim mode's, or none in a
+//! transactional or batch body, even one called from a claim's body), and the outbox
+//! finds the delivery its messages' default ids derive from. One small wrapper per body
+//! does all three, in place of a task-local scope and an instrumented future, so that a
+//! handler compiles to little code of its own.
 
 use std::cell::RefCell;
 use std::pin::Pin;
@@ -30,11 +31,63 @@ pub struct Claim {
     pub(crate) lease: Duration,
 }
 
+/// The delivery a body runs for: the outbox derives its messages' default ids from it.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    pub(crate) consumer: &'static str,
+    /// The message's key; in a batch, the first new message's.
+    pub(crate) message_id: String,
+    /// How many outbox messages the body has enqueued so far.
+    pub(crate) enqueued: u32,
+}
+
+/// What a body reads of the call it runs in.
+#[derive(Debug, Default)]
+pub(crate) struct Scope {
+    claim: Option<Claim>,
+    delivery: Option<Delivery>,
+}
+
+impl Scope {
+    /// A transactional or batch body's: no claim.
+    pub(crate) fn delivery(consumer: &'static str, message_id: String) -> Self {
+        Self {
+            claim: None,
+            delivery: Some(Delivery {
+                consumer,
+                message_id,
+                enqueued: 0,
+            }),
+        }
+    }
+
+    /// A claim-mode body's.
+    pub(crate) fn claimed(claim: Claim) -> Self {
+        let delivery = Delivery {
+            consumer: claim.consumer,
+            message_id: claim.message_id.clone(),
+            enqueued: 0,
+        };
+        Self {
+            claim: Some(claim),
+            delivery: Some(delivery),
+        }
+    }
+}
+
 thread_local! {
-    /// The claim of the claim-mode body being polled on this thread; `None` while a
-    /// transactional or batch handler's body is, which is no claim's, even within a
-    /// claim's body.
-    static CURRENT: RefCell<Option<Claim>> = const { RefCell::new(None) };
+    /// The scope of the body being polled on this thread. Its claim is `None` while a
+    /// transactional or batch handler's body is polled, which is no claim's, even within
+    /// a claim's body.
+    static CURRENT: RefCell<Scope> = const {
+        RefCell::new(Scope { claim: None, delivery: None })
+    };
+}
+
+/// Runs `f` on the delivery of the body being polled on this thread, or on `None`
+/// outside every body (and in a task the body spawned).
+pub(crate) fn with_delivery<R>(f: impl FnOnce(Option<&mut Delivery>) -> R) -> R {
+    CURRENT.with_borrow_mut(|current| f(current.delivery.as_mut()))
 }
 
 /// Derives [`Claim::idempotency_key`]: a fixed namespace, so that the same (consumer,
@@ -61,7 +114,7 @@ impl Claim {
     /// body sees `None`, not the enclosing claim.
     pub fn try_current() -> Option<Self> {
         CURRENT
-            .try_with(|current| current.borrow().clone())
+            .try_with(|current| current.borrow().claim.clone())
             .ok()
             .flatten()
     }
@@ -106,7 +159,7 @@ impl Claim {
 pin_project_lite::pin_project! {
     /// A body's future, run in its scope.
     pub(crate) struct InBody<F> {
-        claim: Option<Claim>,
+        scope: Scope,
         span: tracing::Span,
         // `None` once dropped in the scope, as its destructors may read the claim too.
         #[pin]
@@ -116,17 +169,17 @@ pin_project_lite::pin_project! {
     impl<F> PinnedDrop for InBody<F> {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
-            let _scope = Entered::new(this.claim, this.span);
+            let _scope = Entered::new(this.scope, this.span);
             this.body.set(None);
         }
     }
 }
 
 impl<F> InBody<F> {
-    /// `body` under `claim`, in `span`.
-    pub(crate) fn new(body: F, claim: Option<Claim>, span: &tracing::Span) -> Self {
+    /// `body` in `scope` and `span`.
+    pub(crate) fn new(body: F, scope: Scope, span: &tracing::Span) -> Self {
         Self {
-            claim,
+            scope,
             span: span.clone(),
             body: Some(body),
         }
@@ -138,7 +191,7 @@ impl<F: Future> Future for InBody<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _scope = Entered::new(this.claim, this.span);
+        let _scope = Entered::new(this.scope, this.span);
         match this.body.as_pin_mut() {
             Some(body) => body.poll(cx),
             None => unreachable!("a body's future is dropped only with its scope"),
@@ -148,15 +201,15 @@ impl<F: Future> Future for InBody<F> {
 
 /// The scope entered for one poll: not generic, so compiled once, here.
 struct Entered<'a> {
-    claim: &'a mut Option<Claim>,
+    scope: &'a mut Scope,
     _span: tracing::span::Entered<'a>,
 }
 
 impl<'a> Entered<'a> {
-    fn new(claim: &'a mut Option<Claim>, span: &'a tracing::Span) -> Self {
-        swap_current(claim);
+    fn new(scope: &'a mut Scope, span: &'a tracing::Span) -> Self {
+        swap_current(scope);
         Self {
-            claim,
+            scope,
             _span: span.enter(),
         }
     }
@@ -164,14 +217,15 @@ impl<'a> Entered<'a> {
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        swap_current(self.claim);
+        swap_current(self.scope);
     }
 }
 
-/// Makes `claim` this thread's current claim, and leaves the one it replaces in its
-/// place: called twice, it restores the outer scope's.
-fn swap_current(claim: &mut Option<Claim>) {
-    CURRENT.with_borrow_mut(|current| std::mem::swap(current, claim));
+/// Makes `scope` this thread's current scope, and leaves the one it replaces in its
+/// place: called twice, it restores the outer scope, and keeps what the body changed
+/// of its own (the count of messages it enqueued).
+fn swap_current(scope: &mut Scope) {
+    CURRENT.with_borrow_mut(|current| std::mem::swap(current, scope));
 }
 
 #[cfg(test)]
@@ -180,7 +234,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
-    use super::{Claim, InBody};
+    use super::{Claim, InBody, Scope};
 
     fn claim(consumer: &'static str) -> Claim {
         Claim {
@@ -207,14 +261,18 @@ mod tests {
 
     #[test]
     fn scopes_nest_and_each_poll_restores_the_outer_claim() {
-        let inner = InBody::new(async { current_consumer() }, None, &tracing::Span::none());
+        let inner = InBody::new(
+            async { current_consumer() },
+            Scope::default(),
+            &tracing::Span::none(),
+        );
         let outer = InBody::new(
             async {
                 let before = current_consumer();
                 let inner = inner.await;
                 (before, inner, current_consumer())
             },
-            Some(claim("outer")),
+            Scope::claimed(claim("outer")),
             &tracing::Span::none(),
         );
         let mut outer = Box::pin(outer);
@@ -231,7 +289,11 @@ mod tests {
             let _reads = ReadsOnDrop(&SEEN);
             poll_fn(|_| Poll::<()>::Pending).await;
         };
-        let mut body = Box::pin(InBody::new(body, Some(claim("c")), &tracing::Span::none()));
+        let mut body = Box::pin(InBody::new(
+            body,
+            Scope::claimed(claim("c")),
+            &tracing::Span::none(),
+        ));
         let polled = body.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         assert!(polled.is_pending());
         assert_eq!(current_consumer(), None);

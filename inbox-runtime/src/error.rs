@@ -42,6 +42,8 @@ pub enum InboxError {
     Claim(ClaimError),
     /// The message id was seen before with another payload.
     FingerprintMismatch(FingerprintMismatch),
+    /// An outbox message cannot be stored. Nothing of it was written.
+    InvalidOutboxMessage(InvalidOutboxMessage),
 }
 
 impl InboxError {
@@ -75,6 +77,7 @@ impl fmt::Display for InboxError {
             Self::InvalidBatchKey(error) => error.fmt(f),
             Self::Claim(error) => error.fmt(f),
             Self::FingerprintMismatch(error) => error.fmt(f),
+            Self::InvalidOutboxMessage(error) => error.fmt(f),
         }
     }
 }
@@ -87,6 +90,7 @@ impl StdError for InboxError {
             Self::InvalidBatchKey(error) => error.source(),
             Self::Claim(error) => error.source(),
             Self::FingerprintMismatch(error) => error.source(),
+            Self::InvalidOutboxMessage(error) => error.source(),
         }
     }
 }
@@ -120,8 +124,59 @@ carried_as!(
     InvalidKey => InvalidKey,
     InvalidBatchKey => InvalidBatchKey,
     ClaimError => Claim,
-    FingerprintMismatch => FingerprintMismatch
+    FingerprintMismatch => FingerprintMismatch,
+    InvalidOutboxMessage => InvalidOutboxMessage
 );
+
+/// Why an outbox message cannot be stored: [`enqueue`](crate::outbox::enqueue) refuses
+/// it before writing anything, rather than truncate or drop it. Carried inside the
+/// `diesel::result::Error` it returns (read it with [`InboxError::find`]); permanent,
+/// since the same message is refused again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidOutboxMessage {
+    /// A field that must say something is empty.
+    Empty {
+        /// The field: `destination`, `id`, `ordering_key` or `header name`.
+        field: &'static str,
+    },
+    /// A field is longer than its column.
+    TooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length, in bytes.
+        len: usize,
+        /// The column's length, in bytes.
+        max: usize,
+    },
+    /// A field holds a NUL character, which PostgreSQL's `text` cannot store.
+    Nul {
+        /// The field.
+        field: &'static str,
+        /// Where the first NUL is, in bytes.
+        at: usize,
+    },
+}
+
+impl fmt::Display for InvalidOutboxMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty { field } => write!(f, "outbox message's {field} is empty"),
+            Self::TooLong { field, len, max } => write!(
+                f,
+                "outbox message's {field} is {len} bytes, longer than its {max}-byte column; \
+                 it is refused rather than truncated"
+            ),
+            Self::Nul { field, at } => write!(
+                f,
+                "outbox message's {field} holds a NUL character at byte {at}, which \
+                 PostgreSQL cannot store in text"
+            ),
+        }
+    }
+}
+
+impl StdError for InvalidOutboxMessage {}
 
 /// Why a claim-mode delivery did not run its body, or could not complete it. Carried
 /// inside the handler's `diesel::result::Error` (read it with [`InboxError::find`]);

@@ -29,6 +29,7 @@ mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod migrate;
+pub mod outbox;
 mod outcome;
 mod prune;
 #[cfg(feature = "pruner")]

@@ -10,7 +10,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::begin::Begin;
-use crate::body_scope::InBody;
+use crate::body_scope::{InBody, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
@@ -79,6 +79,8 @@ where
         read_first,
     );
     let started = Instant::now();
+    // Kept for the body's scope: the outbox derives its messages' default ids from it.
+    let key = message_id.as_deref().unwrap_or_default().to_owned();
     let opened = open(
         conn,
         begin,
@@ -90,7 +92,8 @@ where
     );
     let stopped = match opened.await {
         Ok(enclosing) => {
-            let result = InBody::new(body(&mut *conn), None, &span).await;
+            let scope = Scope::delivery(handler.registration.consumer, key);
+            let result = InBody::new(body(&mut *conn), scope, &span).await;
             let closed = call::close(conn, enclosing, result.is_ok(), &span);
             match (result, closed.await) {
                 (Ok(value), Ok(())) => Ok(value),

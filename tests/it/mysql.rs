@@ -80,6 +80,7 @@ struct EngineStatus {
 }
 
 common_scenarios!(create);
+outbox_scenarios!(create);
 batch_scenarios!(create, swallowed = "ROLLBACK");
 verdict_scenarios!(
     create,

@@ -46,6 +46,7 @@ impl TestDb for PgDb {
 }
 
 common_scenarios!(create);
+outbox_scenarios!(create);
 batch_scenarios!(create, swallowed = "SELECT * FROM no_such_table");
 verdict_scenarios!(
     create,

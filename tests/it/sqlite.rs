@@ -99,6 +99,7 @@ impl TestDb for SqliteDb {
 }
 
 common_scenarios!(create);
+outbox_scenarios!(create);
 batch_scenarios!(create, swallowed = "ROLLBACK");
 verdict_scenarios!(
     create,

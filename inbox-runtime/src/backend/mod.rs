@@ -10,6 +10,7 @@
 //! | `mod.rs` | recognising its errors: the inbox's index, transient and lost-connection messages (compiled without the feature too, so any error can be classified) |
 //! | `statements.rs` | `sealed::Sealed`: the marker insert, the transaction around it, the commit checks, migration and pruning |
 //! | `claims.rs` | claim mode's statements |
+//! | `outbox.rs` | the outbox's statements |
 //! | `testing.rs` | the test database: a schema, a database or a file per test |
 //! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
 //! | `markers.rs`, `pipeline.rs` (PostgreSQL) | the marker's statements, keys bound as bytes; BEGIN and the insert in one round trip |
@@ -88,6 +89,7 @@ macro_rules! insert_marker_on_conflict_do_nothing {
 
 pub(crate) mod claim_statements;
 pub(crate) mod mysql;
+pub(crate) mod outbox_statements;
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 #[cfg(feature = "testing")]
@@ -239,6 +241,7 @@ pub(crate) mod sealed {
     use diesel_async::AsyncConnection;
 
     use super::claim_statements::ClaimStatements;
+    use super::outbox_statements::OutboxStatements;
 
     /// The (message, consumer) pair a call is about.
     ///
@@ -276,8 +279,10 @@ pub(crate) mod sealed {
 
     /// What [`InboxBackend`](super::InboxBackend) needs of a backend, out of reach of
     /// other crates: the statements of transactional handlers here, claim mode's in
-    /// [`ClaimStatements`].
-    pub trait Sealed: diesel::backend::Backend + ClaimStatements + Sized {
+    /// [`ClaimStatements`], the outbox's in [`OutboxStatements`].
+    pub trait Sealed:
+        diesel::backend::Backend + ClaimStatements + OutboxStatements + Sized
+    {
         /// Whether the marker row is already committed. Must never see another
         /// transaction's uncommitted marker, whatever the session's isolation level: that
         /// transaction may still roll back.

@@ -11,7 +11,7 @@ use super::{Claim, micros};
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
 use crate::backend::sealed::Sealed as _;
-use crate::body_scope::InBody;
+use crate::body_scope::{InBody, Scope};
 use crate::classify::classify;
 use crate::enclosing::enclosing_transaction;
 use crate::error::{ClaimError, InboxError};
@@ -114,8 +114,8 @@ where
     let claimed = claim(conn, consumer, message_id, policy, fingerprint, &span);
     let (result, outcome) = match claimed.await {
         Ok(held) => {
-            let claim = Some(held.claim.clone());
-            let ran = InBody::new(body(&mut *conn), claim, &span).await;
+            let scope = Scope::claimed(held.claim.clone());
+            let ran = InBody::new(body(&mut *conn), scope, &span).await;
             let settled = settle(conn, held, ran.is_ok(), &span);
             match (ran, settled.await) {
                 (Ok(value), Ok(())) => (Ok(Outcome::Processed(value)), "processed"),

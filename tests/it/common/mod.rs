@@ -22,6 +22,8 @@ pub mod batch;
 #[macro_use]
 pub mod keys;
 #[macro_use]
+pub mod outbox;
+#[macro_use]
 pub mod verdicts;
 
 /// A database a test has to itself, and what its suite knows about the backend.

@@ -162,6 +162,8 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 #[cfg(feature = "mysql")]
 mod claims;
 #[cfg(feature = "mysql")]
+mod outbox;
+#[cfg(feature = "mysql")]
 mod statements;
 #[cfg(all(feature = "mysql", feature = "testing"))]
 pub(crate) mod testing;

@@ -68,6 +68,8 @@ mod claims;
 #[cfg(feature = "postgres")]
 mod markers;
 #[cfg(feature = "postgres")]
+mod outbox;
+#[cfg(feature = "postgres")]
 pub(crate) mod pipeline;
 #[cfg(feature = "postgres")]
 mod statements;

@@ -55,7 +55,7 @@ const COMPLETED: &str = "lease_ends_at = NULL, processed_at = datetime('now')";
 const RELEASED: &str = concat!("claim_token = NULL, lease_ends_at = ", now!());
 
 /// The `strftime` modifier that moves a time `micros` ahead.
-fn ahead(micros: i64) -> String {
+pub(super) fn ahead(micros: i64) -> String {
     format!("+{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
 }
 

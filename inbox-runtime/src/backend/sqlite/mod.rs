@@ -29,6 +29,8 @@ pub(crate) fn is_read_only(message: &str) -> bool {
 #[cfg(feature = "sqlite")]
 mod claims;
 #[cfg(feature = "sqlite")]
+mod outbox;
+#[cfg(feature = "sqlite")]
 mod statements;
 #[cfg(all(feature = "sqlite", feature = "testing"))]
 pub(crate) mod testing;

@@ -1,0 +1,216 @@
+//! What a relay does with the outbox, and what an operator does with its parked
+//! messages. Each call commits on its own.
+
+use std::fmt;
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::result::Error;
+use diesel_async::AsyncConnection;
+
+use super::message::decode_headers;
+use crate::backend::InboxBackend;
+use crate::backend::outbox_statements::{OutboxStatements as _, OutgoingRow};
+
+/// A message in the outbox, as a relay or an operator reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    id: i64,
+    message_id: String,
+    destination: String,
+    routing_key: String,
+    ordering_key: Option<String>,
+    headers: Vec<(String, String)>,
+    payload: Vec<u8>,
+    attempts: u32,
+    last_error: Option<String>,
+}
+
+impl Outgoing {
+    /// Its row in the outbox, which [`requeue`] and [`discard`] take.
+    pub fn row_id(&self) -> i64 {
+        self.id
+    }
+
+    /// The id receivers deduplicate it by.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// Where it goes: an exchange, a subject, a topic.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    /// The routing key within the destination; empty if none was given.
+    pub fn routing_key(&self) -> &str {
+        &self.routing_key
+    }
+
+    /// The ordering key it was enqueued with.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.ordering_key.as_deref()
+    }
+
+    /// Its headers, in the order they were added.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// Its payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// How many times a relay has taken it, this time included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why the last attempt failed, or why it was parked.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+}
+
+impl TryFrom<OutgoingRow> for Outgoing {
+    type Error = Error;
+
+    fn try_from(row: OutgoingRow) -> Result<Self, Error> {
+        let text = |bytes: Vec<u8>| {
+            String::from_utf8(bytes).map_err(|error| Error::DeserializationError(error.into()))
+        };
+        let headers = decode_headers(&row.headers).ok_or_else(|| {
+            Error::DeserializationError(
+                format!("outbox row {} holds headers in another format", row.id).into(),
+            )
+        })?;
+        Ok(Self {
+            id: row.id,
+            message_id: text(row.message_id)?,
+            destination: text(row.destination)?,
+            routing_key: text(row.routing_key)?,
+            ordering_key: row.ordering_key.map(text).transpose()?,
+            headers,
+            payload: row.payload,
+            attempts: u32::try_from(row.attempts).unwrap_or(0),
+            last_error: row.last_error.map(text).transpose()?,
+        })
+    }
+}
+
+/// A message a relay has taken: it holds it until the lease ends, or until it says
+/// what became of it.
+#[derive(Debug)]
+#[must_use = "a taken message is published again once its lease ends unless it is marked"]
+pub struct Taken {
+    message: Outgoing,
+    token: String,
+}
+
+impl Taken {
+    /// The message to publish.
+    pub fn message(&self) -> &Outgoing {
+        &self.message
+    }
+
+    /// Marks it sent: call this once the broker has confirmed the publish. Marks it
+    /// even if the lease has ended meanwhile, since it has been published.
+    pub async fn sent<C>(self, conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+    {
+        C::Backend::mark_sent(conn, self.message.id).await
+    }
+
+    /// Makes it due again after `delay`, recording `error`: for a publish that may
+    /// succeed later. `false` if this relay's lease had ended and another relay may
+    /// hold it; it is left as that relay leaves it.
+    pub async fn retry_later<C>(
+        self,
+        conn: &mut C,
+        delay: Duration,
+        error: impl fmt::Display,
+    ) -> QueryResult<bool>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+    {
+        let delay = micros(delay);
+        let error = error.to_string();
+        C::Backend::retry_later(conn, self.message.id, self.token, delay, error).await
+    }
+
+    /// Parks it with `reason`, for an operator: for a publish that can never succeed.
+    /// `false` if this relay's lease had ended and another relay may hold it.
+    pub async fn park<C>(self, conn: &mut C, reason: impl fmt::Display) -> QueryResult<bool>
+    where
+        C: AsyncConnection,
+        C::Backend: InboxBackend,
+    {
+        let reason = reason.to_string();
+        C::Backend::park(conn, self.message.id, self.token, reason).await
+    }
+}
+
+/// Takes up to `limit` due messages, oldest first, leased to this call for `lease`:
+/// no other relay takes them until the lease ends. Take a lease longer than a publish
+/// can last, confirmation included.
+pub async fn take<C>(conn: &mut C, lease: Duration, limit: usize) -> QueryResult<Vec<Taken>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let token = uuid::Uuid::new_v4().to_string();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = C::Backend::take_due(conn, token.clone(), micros(lease), limit).await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(Taken {
+                message: row.try_into()?,
+                token: token.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The parked messages, oldest first: those after row `after` (`0` for the first
+/// page), at most `limit`.
+pub async fn parked<C>(conn: &mut C, after: i64, limit: usize) -> QueryResult<Vec<Outgoing>>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = C::Backend::parked(conn, after, limit).await?;
+    rows.into_iter().map(Outgoing::try_from).collect()
+}
+
+/// Makes the parked message in row `row_id` due again, at once; `false` if no parked
+/// message is there.
+pub async fn requeue<C>(conn: &mut C, row_id: i64) -> QueryResult<bool>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    C::Backend::requeue(conn, row_id).await
+}
+
+/// Deletes the parked message in row `row_id`, which is then never published, and lets
+/// the later messages of its ordering key go; `false` if no parked message is there.
+pub async fn discard<C>(conn: &mut C, row_id: i64) -> QueryResult<bool>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    C::Backend::discard(conn, row_id).await
+}
+
+/// A duration in whole microseconds, as the statements take it; at least one, and
+/// saturated at what an `i64` holds.
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros())
+        .unwrap_or(i64::MAX)
+        .max(1)
+}
