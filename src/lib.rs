@@ -84,9 +84,10 @@
 //! | `testing` | `testing`: a database of each test's own, with the inbox migrated |
 //! | `retry` | `retry`: runs a handler again, with backoff, while its error is retryable |
 //! | `pruner` | `Pruner`: prunes old markers in a background task |
+//! | `relay` | `outbox::Relay`: publishes the outbox's messages in a background task |
 //! | `metrics` | `metrics`: a counter and a duration histogram per consumer and outcome |
 //! | `anyhow` | [`Classify`] for `anyhow::Error` |
-//! | `deadpool`, `bb8` | [`Classify`] for the pools' errors, and a pool as a `Pruner`'s connections |
+//! | `deadpool`, `bb8` | [`Classify`] for the pools' errors, and a pool as a `Pruner`'s or a `Relay`'s connections |
 //!
 //! The broker glue, a delivery's key and a [`Disposition`] carried out on the broker, is
 //! in crates of its own: `diesel-inbox-lapin` (RabbitMQ), `diesel-inbox-nats` (NATS
@@ -103,6 +104,8 @@
 struct ReadmeSnippets;
 
 pub use inbox_macros::idempotent;
+#[cfg(any(feature = "pruner", feature = "relay"))]
+pub use inbox_runtime::ConnectionSource;
 pub use inbox_runtime::claims;
 #[cfg(feature = "metrics")]
 pub use inbox_runtime::metrics;
@@ -116,7 +119,7 @@ pub use inbox_runtime::{
     find_database_error, migrate, prune, registered_handlers, retry_after_of,
 };
 #[cfg(feature = "pruner")]
-pub use inbox_runtime::{ConnectionSource, Pace, Pruner, prune_paced};
+pub use inbox_runtime::{Pace, Pruner, prune_paced};
 #[cfg(feature = "retry")]
 pub use inbox_runtime::{RetryPolicy, retry};
 

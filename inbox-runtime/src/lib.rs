@@ -10,6 +10,8 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+#[cfg(any(feature = "pruner", feature = "relay"))]
+mod background;
 mod batch;
 mod begin;
 mod body_scope;
@@ -61,6 +63,8 @@ pub use handler::{
     fake_return, registered_handlers,
 };
 // The registration's expansion submits to the program-wide list through it.
+#[cfg(any(feature = "pruner", feature = "relay"))]
+pub use background::ConnectionSource;
 #[doc(hidden)]
 pub use inventory;
 pub use key::{InboxKey, InvalidKey, MissingKey, encode_key};
@@ -68,7 +72,7 @@ pub use migrate::migrate;
 pub use outcome::Outcome;
 pub use prune::prune;
 #[cfg(feature = "pruner")]
-pub use pruner::{ConnectionSource, Pace, Pruner, prune_paced};
+pub use pruner::{Pace, Pruner, prune_paced};
 pub use registry::{SharedConsumers, check_consumers};
 pub use retention::Retention;
 #[cfg(feature = "retry")]

@@ -1,7 +1,5 @@
 //! Pruning in the background, on a schedule, until shut down (feature `pruner`).
 
-use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use std::ops::ControlFlow;
@@ -12,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::InboxBackend;
+use crate::background::{ConnectionSource, shutting_down};
 use crate::prune::prune_in_batches;
 
 /// How hard a prune works. After each batch of 1,000 ids it rests for a multiple of the
@@ -65,66 +64,6 @@ where
         ControlFlow::Continue(())
     })
     .await
-}
-
-/// Where a [`Pruner`] takes a connection for each run: an owned diesel-async pool
-/// (deadpool's or bb8's, with the feature of that name), or a closure that returns a
-/// future of one, such as `|| pool.get()` on a `&'static` pool.
-pub trait ConnectionSource: Send + 'static {
-    /// The connection it gives.
-    type Connection: AsyncConnection<Backend: InboxBackend> + 'static;
-    /// Why it gave none, logged at `WARN`.
-    type Error: fmt::Display;
-
-    /// A connection for one run.
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_;
-}
-
-impl<F, Connecting, C, E> ConnectionSource for F
-where
-    F: Fn() -> Connecting + Send + 'static,
-    Connecting: Future<Output = Result<C, E>> + Send + 'static,
-    C: AsyncConnection<Backend: InboxBackend> + 'static,
-    E: fmt::Display,
-{
-    type Connection = C;
-    type Error = E;
-
-    fn connect(&self) -> impl Future<Output = Result<C, E>> + Send + '_ {
-        self()
-    }
-}
-
-#[cfg(feature = "deadpool")]
-impl<C> ConnectionSource for diesel_async::pooled_connection::deadpool::Pool<C>
-where
-    C: diesel_async::pooled_connection::PoolableConnection<Backend: InboxBackend> + 'static,
-    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
-        diesel_async::methods::LoadQuery<'a, C, i32>,
-    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
-{
-    type Connection = diesel_async::pooled_connection::deadpool::Object<C>;
-    type Error = diesel_async::pooled_connection::deadpool::PoolError;
-
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_ {
-        self.get()
-    }
-}
-
-#[cfg(feature = "bb8")]
-impl<C> ConnectionSource for diesel_async::pooled_connection::bb8::Pool<C>
-where
-    C: diesel_async::pooled_connection::PoolableConnection<Backend: InboxBackend> + 'static,
-    for<'a> diesel::dsl::select<diesel::dsl::AsExprOf<i32, diesel::sql_types::Integer>>:
-        diesel_async::methods::LoadQuery<'a, C, i32>,
-    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
-{
-    type Connection = diesel_async::pooled_connection::bb8::PooledConnection<'static, C>;
-    type Error = diesel_async::pooled_connection::bb8::RunError;
-
-    fn connect(&self) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send + '_ {
-        self.get_owned()
-    }
 }
 
 /// A task that prunes every `every`, give or take a tenth (so that instances started
@@ -237,12 +176,6 @@ impl Pruner {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
-}
-
-/// Once [`Pruner::shut_down`] is called, or the [`Pruner`] dropped.
-async fn shutting_down(mut stopped: watch::Receiver<bool>) {
-    // An error means the sender is gone: nobody can ask any more, so stop as well.
-    let _ = stopped.wait_for(|&stop| stop).await;
 }
 
 /// `every`, moved by up to a tenth either way; `every` itself where that would not fit in

@@ -17,4 +17,5 @@ mod observability;
 mod pipelined;
 mod postgres;
 mod pruner;
+mod relay;
 mod sqlite;

@@ -109,6 +109,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod ladder;
+mod outbox;
 mod queues;
 
 use diesel_inbox::MissingKey;
@@ -116,6 +117,7 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use lapin::{Connection, ConnectionProperties};
 
+pub use outbox::OutboxPublisher;
 pub use queues::{Queues, SettleError, Settled};
 
 /// The header that counts how often a message went through the retry queue.

@@ -18,6 +18,8 @@ use lapin::{BasicProperties, Channel, Connection};
 
 #[path = "rabbitmq/outage.rs"]
 mod outage;
+#[path = "rabbitmq/outbox.rs"]
+mod outbox;
 
 /// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
 /// where it fails.
@@ -45,6 +47,7 @@ async fn confirming_channel(connection: &Connection) -> Channel {
 }
 
 struct Broker {
+    url: String,
     connection: Connection,
     channel: Channel,
     queues: Queues,
@@ -63,6 +66,7 @@ async fn broker(test: &str) -> Option<Broker> {
     queues.delete(&channel).await.expect("delete old queues");
     queues.declare(&channel).await.expect("declare the queues");
     Some(Broker {
+        url,
         connection,
         channel,
         queues,

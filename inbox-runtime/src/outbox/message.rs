@@ -11,6 +11,10 @@ pub const ID_MAX_BYTES: usize = crate::schema::MESSAGE_ID_MAX_BYTES;
 /// and routing key are at most 255 bytes, as are the columns.
 pub const NAME_MAX_BYTES: usize = 255;
 
+/// Longest header name or value, in bytes: the `headers` column stores each with a
+/// 32-bit length.
+const HEADER_MAX_BYTES: usize = u32::MAX as usize;
+
 /// Derives the default message ids: a fixed namespace, so that the same (consumer,
 /// key, index) gives the same id in every process and every version.
 const ID_NAMESPACE: uuid::Uuid = uuid::uuid!("0b4f7a53-2f1c-4d0a-8e61-3c5a9d27b8e4");
@@ -39,7 +43,8 @@ pub struct OutboxMessage {
 
 impl OutboxMessage {
     /// A message to `destination` (a RabbitMQ exchange, a NATS subject, a Kafka topic:
-    /// the publisher says what it means) carrying `payload`.
+    /// the publisher says what it means) carrying `payload`. It may be empty: RabbitMQ's
+    /// default exchange routes to the queue named by the routing key.
     pub fn new(destination: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
         Self {
             destination: destination.into(),
@@ -89,7 +94,8 @@ impl OutboxMessage {
     /// Checks every field against its column, so that nothing is cut short or refused
     /// by the database halfway through the body's writes.
     pub(crate) fn check(&self) -> Result<(), InvalidOutboxMessage> {
-        check_text("destination", &self.destination, NAME_MAX_BYTES, false)?;
+        // Empty names RabbitMQ's default exchange.
+        check_text("destination", &self.destination, NAME_MAX_BYTES, true)?;
         check_text("routing_key", &self.routing_key, NAME_MAX_BYTES, true)?;
         if let Some(id) = &self.id {
             check_text("id", id, ID_MAX_BYTES, false)?;
@@ -97,12 +103,9 @@ impl OutboxMessage {
         if let Some(ordering_key) = &self.ordering_key {
             check_text("ordering_key", ordering_key, NAME_MAX_BYTES, false)?;
         }
-        for (name, _) in &self.headers {
-            if name.is_empty() {
-                return Err(InvalidOutboxMessage::Empty {
-                    field: "header name",
-                });
-            }
+        for (name, value) in &self.headers {
+            check_text("header name", name, HEADER_MAX_BYTES, false)?;
+            check_text("header value", value, HEADER_MAX_BYTES, true)?;
         }
         Ok(())
     }
@@ -158,7 +161,7 @@ pub(crate) fn next_default_id() -> String {
 pub(crate) fn encode_headers(headers: &[(String, String)]) -> Vec<u8> {
     let mut encoded = Vec::new();
     for text in headers.iter().flat_map(|(name, value)| [name, value]) {
-        let len = u32::try_from(text.len()).expect("a header longer than 4 GiB");
+        let len = u32::try_from(text.len()).expect("checked against HEADER_MAX_BYTES");
         encoded.extend_from_slice(&len.to_be_bytes());
         encoded.extend_from_slice(text.as_bytes());
     }
@@ -203,10 +206,11 @@ mod tests {
     fn fields_that_do_not_fit_are_refused() {
         let message = || OutboxMessage::new("accounts", Vec::new());
         assert_eq!(message().check(), Ok(()));
+        assert_eq!(OutboxMessage::new("", Vec::new()).check(), Ok(()));
         assert_eq!(
-            OutboxMessage::new("", Vec::new()).check(),
+            message().header("", "v").check(),
             Err(InvalidOutboxMessage::Empty {
-                field: "destination"
+                field: "header name"
             })
         );
         assert_eq!(

@@ -11,6 +11,11 @@
 //! the message again: receivers deduplicate it by its [id](OutboxMessage::id), through
 //! their own inbox.
 //!
+//! `Relay` (feature `relay`) is that relay, as a background task: it publishes through
+//! a [`Publisher`], which the broker crates implement (`diesel_inbox_lapin::OutboxPublisher`
+//! for RabbitMQ), and which you can implement for another broker. The functions below
+//! are its parts, for a relay of your own.
+//!
 //! - **Several relays** may take at once: each message is leased to one relay, which
 //!   holds it until the lease ends (PostgreSQL and MySQL/MariaDB skip the rows another
 //!   relay is taking instead of waiting for them; SQLite has one writer at a time).
@@ -33,6 +38,9 @@
 //! Create the tables with [`migrate`], or copy the `outbox` migration for your backend.
 
 mod message;
+mod publisher;
+#[cfg(feature = "relay")]
+mod relay;
 mod relaying;
 
 use diesel::QueryResult;
@@ -43,6 +51,9 @@ use crate::backend::outbox_statements::{NewOutgoing, OutboxStatements as _};
 pub use crate::error::InvalidOutboxMessage;
 pub use message::{ID_MAX_BYTES, NAME_MAX_BYTES, OutboxMessage};
 use message::{encode_headers, next_default_id};
+pub use publisher::{PublishError, Publisher};
+#[cfg(feature = "relay")]
+pub use relay::{Relay, RelaySettings};
 pub use relaying::{Outgoing, Taken, discard, parked, requeue, take};
 
 /// Creates the outbox's tables where they are missing: `inbox_outbox`, and

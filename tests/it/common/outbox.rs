@@ -73,6 +73,23 @@ where
     Ok(ids)
 }
 
+#[idempotent(consumer = "outbox-claim", key = credit.message_id.as_str(), claim)]
+pub async fn claim_and_announce<C>(
+    conn: &mut C,
+    credit: &Credit,
+    fail: bool,
+) -> Result<String, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let id = outbox::enqueue(conn, OutboxMessage::new("accounts", credit.payload())).await?;
+    if fail {
+        return Err(Error::RollbackTransaction);
+    }
+    Ok(id)
+}
+
 async fn migrated<D: TestDb>(db: &D) -> D::Conn {
     create_tables(db, 16).await;
     let mut conn = db.connect().await;
@@ -229,6 +246,30 @@ pub async fn invalid_messages_are_refused_before_writing<D: TestDb>(db: D) {
         0
     );
     assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM inbox").await, 0);
+}
+
+/// A claim's body runs outside a transaction: what it enqueues commits at once, like
+/// its other writes, and stays when the body fails. Run again, it enqueues the same id,
+/// which the receiver drops.
+pub async fn claim_bodies_enqueue_at_once_with_stable_ids<D: TestDb>(db: D) {
+    let mut conn = migrated(&db).await;
+    let credit = Credit::numbered(9);
+    let failed = claim_and_announce(&mut conn, &credit, true).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) FROM inbox_outbox").await,
+        1
+    );
+    let Ok(Outcome::Processed(id)) = claim_and_announce(&mut conn, &credit, false).await else {
+        panic!("the next delivery runs the body again");
+    };
+    let sent = drain(&mut conn).await;
+    let ids: Vec<&str> = sent.iter().map(|message| message.message_id()).collect();
+    assert_eq!(
+        ids,
+        [id.as_str(), id.as_str()],
+        "both runs enqueue the same id"
+    );
 }
 
 /// Three relays take from one outbox at once, and one of them stops halfway without
@@ -478,6 +519,7 @@ macro_rules! outbox_scenarios {
             racing_relays_take_each_message_once,
             one_keys_messages_go_out_in_commit_order,
             failed_publishes_are_retried_or_parked,
+            claim_bodies_enqueue_at_once_with_stable_ids,
         );
     };
     (@tests $db:expr; $($test:ident),+ $(,)?) => {$(

@@ -33,7 +33,7 @@ const OUTAGE: Duration = Duration::from_secs(3);
 
 /// A TCP proxy to a database server that can be cut: while cut, its port refuses
 /// connections and every connection it carried has been reset.
-struct Proxy {
+pub(super) struct Proxy {
     address: SocketAddr,
     upstream: SocketAddr,
     /// Cancelled by a cut: the listener and every connection of this period stop.
@@ -41,7 +41,7 @@ struct Proxy {
 }
 
 impl Proxy {
-    async fn start(upstream: SocketAddr) -> Arc<Self> {
+    pub(super) async fn start(upstream: SocketAddr) -> Arc<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the proxy");
@@ -78,12 +78,12 @@ impl Proxy {
     }
 
     /// Refuses new connections (the listener is closed) and resets the open ones.
-    fn cut(&self) {
+    pub(super) fn cut(&self) {
         self.period.lock().unwrap().cancel();
     }
 
     /// Listens on the same port again.
-    fn restore(self: &Arc<Self>) {
+    pub(super) fn restore(self: &Arc<Self>) {
         let socket = TcpSocket::new_v4().expect("a socket");
         socket.set_reuseaddr(true).expect("SO_REUSEADDR");
         socket
@@ -96,7 +96,7 @@ impl Proxy {
 
     /// `url` with its server's address replaced by the proxy's. mysql_async moves a
     /// connection to the server's Unix socket, past the proxy, unless told not to.
-    fn url(&self, url: &str) -> String {
+    pub(super) fn url(&self, url: &str) -> String {
         let url = url.replacen(&self.upstream.to_string(), &self.address.to_string(), 1);
         if !url.starts_with("mysql:") {
             return url;

@@ -1,0 +1,143 @@
+//! The outbox relay's own contract, apart from any broker: a round under way settles
+//! what it took before the relay stops, a failed publish is retried and an
+//! unpublishable one parked, and stopping never waits for a connection. The brokers'
+//! publishers are tested against the real brokers in their crates.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use diesel::sqlite::SqliteConnection;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_inbox::outbox::{
+    self, OutboxMessage, Outgoing, PublishError, Publisher, Relay, RelaySettings,
+};
+use diesel_inbox::testing::{TestDatabase, TestDatabaseError, select_i64};
+
+type Conn = SyncConnectionWrapper<SqliteConnection>;
+type Connecting =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Conn, TestDatabaseError>> + Send>>;
+
+/// A broker that takes `delay` to confirm, refuses payloads starting with `refuse`
+/// once, and can never take those starting with `never`.
+#[derive(Default)]
+struct Recorder {
+    delay: Duration,
+    published: Mutex<Vec<String>>,
+    refused: Mutex<Vec<String>>,
+}
+
+impl Publisher for &'static Recorder {
+    async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+        tokio::time::sleep(self.delay).await;
+        let payload = String::from_utf8_lossy(message.payload()).into_owned();
+        if payload.starts_with("never") {
+            return Err(PublishError::unpublishable("no such destination"));
+        }
+        if payload.starts_with("refuse") {
+            let mut refused = self.refused.lock().unwrap();
+            if !refused.contains(&payload) {
+                refused.push(payload);
+                return Err(PublishError::retryable("the broker is busy"));
+            }
+        }
+        self.published.lock().unwrap().push(payload);
+        Ok(())
+    }
+}
+
+async fn outbox_with(test: &str, payloads: &[&str]) -> (TestDatabase<Conn>, Conn) {
+    let db = TestDatabase::<Conn>::sqlite(test).await.unwrap();
+    let mut conn = db.connect().await.unwrap();
+    outbox::migrate(&mut conn).await.unwrap();
+    for payload in payloads {
+        outbox::enqueue(&mut conn, OutboxMessage::new("d", payload.as_bytes()))
+            .await
+            .unwrap();
+    }
+    (db, conn)
+}
+
+fn connector(db: &TestDatabase<Conn>) -> impl Fn() -> Connecting + Send + 'static {
+    let db = db.clone();
+    move || -> Connecting {
+        let db = db.clone();
+        Box::pin(async move { db.connect().await })
+    }
+}
+
+async fn count(conn: &mut Conn, sql: &str) -> i64 {
+    select_i64(conn, sql).await.unwrap()
+}
+
+fn eager() -> RelaySettings {
+    RelaySettings::new()
+        .with_poll_interval(Duration::from_millis(10))
+        .with_backoff(Duration::from_millis(20), Duration::from_millis(50))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_what_may_pass_and_parks_what_never_will() {
+    let (db, mut conn) = outbox_with("relay_settles", &["a", "refuse-b", "never-c", "d"]).await;
+    let recorder: &'static Recorder = Box::leak(Box::default());
+    let relay = Relay::spawn(connector(&db), recorder, eager());
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while count(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL AND parked = 0",
+        )
+        .await
+            > 0
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every message is sent or parked");
+    relay.shut_down().await;
+
+    let mut published = recorder.published.lock().unwrap().clone();
+    published.sort();
+    assert_eq!(published, ["a", "d", "refuse-b"]);
+    let parked = outbox::parked(&mut conn, 0, 10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].payload(), b"never-c");
+    assert_eq!(parked[0].last_error(), Some("no such destination"));
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
+/// Shutting down in the middle of a publish lets it finish and be marked sent, rather
+/// than leaving it leased for another relay to publish again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_under_way_is_settled_before_the_relay_stops() {
+    let (db, mut conn) = outbox_with("relay_stops", &["slow"]).await;
+    let recorder: &'static Recorder = Box::leak(Box::new(Recorder {
+        delay: Duration::from_millis(500),
+        ..Recorder::default()
+    }));
+    let relay = Relay::spawn(connector(&db), recorder, eager());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    relay.shut_down().await;
+    assert_eq!(*recorder.published.lock().unwrap(), ["slow"]);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL"
+        )
+        .await,
+        0
+    );
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_does_not_wait_for_a_connection() {
+    let never_connects = || -> Connecting { Box::pin(std::future::pending()) };
+    let recorder: &'static Recorder = Box::leak(Box::default());
+    let relay = Relay::spawn(never_connects, recorder, eager());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::timeout(Duration::from_secs(5), relay.shut_down())
+        .await
+        .expect("stops while waiting for a connection");
+}
