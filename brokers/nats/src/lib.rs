@@ -105,6 +105,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod outbox;
+
 use std::fmt;
 use std::time::Duration;
 
@@ -112,6 +114,8 @@ use async_nats::HeaderMap;
 use async_nats::header::{IntoHeaderName, NATS_MESSAGE_ID};
 use async_nats::jetstream::{AckKind, Message};
 use diesel_inbox::{Disposition, InboxKey, InvalidKey, MissingKey, Retention};
+
+pub use outbox::OutboxPublisher;
 
 /// The header that carries a dead-lettered message's reason.
 pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";

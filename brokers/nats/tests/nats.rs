@@ -14,6 +14,9 @@ use diesel_inbox_nats::{
 };
 use futures_util::StreamExt;
 
+#[path = "nats/outbox.rs"]
+mod outbox;
+
 /// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
 /// where it fails.
 fn server_url(variable: &str) -> Option<String> {
