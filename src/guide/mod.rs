@@ -11,6 +11,7 @@
 //! | [`acknowledging`] | from a handler's result to the broker's ack: what is retried, your own errors, retrying in a fresh transaction |
 //! | [`claim_mode`] | effects outside the database (e-mail, payments, HTTP calls): claims, leases, takeovers, operators |
 //! | [`batches`] | many messages in one transaction, each still decided on its own |
+//! | [`outbox`] | publishing follow-up messages in the handler's transaction, and the relay that delivers them |
 //! | [`brokers`] | the crates for RabbitMQ, NATS JetStream and Kafka: what their glue promises, which field is the key |
 //! | [`pruning`] | deleting old markers, and how long to keep them for each broker |
 //! | [`clusters`] | MariaDB Galera and other multi-node databases |
@@ -34,6 +35,9 @@ pub mod claim_mode {}
 
 #[doc = include_str!("batches.md")]
 pub mod batches {}
+
+#[doc = include_str!("outbox.md")]
+pub mod outbox {}
 
 #[doc = include_str!("brokers.md")]
 pub mod brokers {}

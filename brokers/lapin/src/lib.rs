@@ -87,6 +87,14 @@
 //! [`Queues::retention`] turns it and the queues' own settings into the window to keep
 //! markers for.
 //!
+//! # Publishing the outbox
+//!
+//! [`OutboxPublisher`] publishes diesel-inbox's outbox through its `Relay`: each message
+//! persistent and `mandatory`, its id in the `message_id` property that
+//! [`message_key`] reads on the receiving side, reported sent only once the broker has
+//! confirmed it. A missing exchange, an unroutable message or an oversized payload is
+//! parked for an operator; a closed channel or connection is opened again.
+//!
 //! # A complete consumer
 //!
 //! The repository's `brokers/lapin/examples/rabbitmq.rs` is a consumer service to copy:

@@ -85,6 +85,14 @@
 //! `ack_wait` that the message is still being worked on. [`Settlement::retention`] turns
 //! the consumer's config into the window to keep markers for.
 //!
+//! # Publishing the outbox
+//!
+//! [`OutboxPublisher`] publishes diesel-inbox's outbox through its `Relay`: the subject
+//! from the message's destination and routing key, its id in `Nats-Msg-Id` (which
+//! [`message_key`] reads, and by which the stream drops a copy published again within its
+//! duplicate window), reported sent only on the stream's ack. A subject no stream takes
+//! or an oversized message is parked for an operator.
+//!
 //! # A complete consumer
 //!
 //! The repository's `brokers/nats/examples/nats.rs` is a consumer service to copy: a
