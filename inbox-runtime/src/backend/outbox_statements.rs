@@ -154,6 +154,34 @@ pub trait OutboxStatements: diesel::backend::Backend + Sized {
     fn discard<C>(conn: &mut C, id: i64) -> impl Future<Output = QueryResult<bool>> + Send
     where
         C: AsyncConnection<Backend = Self>;
+
+    /// Deletes up to `limit` messages sent more than `window_micros` ago, oldest first,
+    /// skipping those another pruner is deleting; returns the ordering keys of those it
+    /// deleted.
+    fn delete_sent<C>(
+        conn: &mut C,
+        window_micros: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<DeletedKey>>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Deletes the rows of those `ordering_keys` that no unsent message has, skipping
+    /// those a transaction is enqueuing under. Safe at any moment: `next_in_order`
+    /// numbers a key whose row is gone after its unsent messages.
+    fn delete_idle_keys<C>(
+        conn: &mut C,
+        ordering_keys: Vec<Vec<u8>>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+}
+
+/// The ordering key of a deleted message, as UTF-8 bytes.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct DeletedKey {
+    #[diesel(sql_type = Nullable<Binary>)]
+    pub ordering_key: Option<Vec<u8>>,
 }
 
 /// The number an ordering key's row holds after this transaction's update.

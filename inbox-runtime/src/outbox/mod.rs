@@ -38,6 +38,7 @@
 //! Create the tables with [`migrate`], or copy the `outbox` migration for your backend.
 
 mod message;
+mod pruning;
 mod publisher;
 #[cfg(feature = "relay")]
 mod relay;
@@ -51,6 +52,7 @@ use crate::backend::outbox_statements::{NewOutgoing, OutboxStatements as _};
 pub use crate::error::InvalidOutboxMessage;
 pub use message::{ID_MAX_BYTES, NAME_MAX_BYTES, OutboxMessage};
 use message::{encode_headers, next_default_id};
+pub use pruning::prune_sent;
 pub use publisher::{PublishError, Publisher};
 #[cfg(feature = "relay")]
 pub use relay::{Relay, RelaySettings};

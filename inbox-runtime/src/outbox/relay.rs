@@ -1,7 +1,7 @@
 //! The relay: a background task that publishes the outbox's committed messages
 //! (feature `relay`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use diesel_async::AsyncConnection;
@@ -9,15 +9,17 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::pruning::{BATCH, prune_sent_batch};
 use super::{PublishError, Publisher, Taken, take};
 use crate::backend::InboxBackend;
 use crate::background::{ConnectionSource, shutting_down};
 
-/// How a [`Relay`] takes, publishes and retries.
+/// How a [`Relay`] takes, publishes, retries and prunes.
 ///
 /// By default: up to 64 messages a round, each leased for 60 s and published within
 /// 20 s; the outbox polled every 100 ms while it is empty; a failed publish retried
-/// after 1 s, doubling up to 5 minutes, with jitter.
+/// after 1 s, doubling up to 5 minutes, with jitter; messages sent more than a day ago
+/// pruned about every 5 minutes.
 #[derive(Debug, Clone, Copy)]
 pub struct RelaySettings {
     batch: usize,
@@ -25,7 +27,11 @@ pub struct RelaySettings {
     publish_timeout: Duration,
     poll_interval: Duration,
     backoff: ExponentialBuilder,
+    sent_retention: Option<Duration>,
 }
+
+/// How often a relay looks for sent messages to prune, give or take a tenth.
+const PRUNE_EVERY: Duration = Duration::from_secs(300);
 
 impl RelaySettings {
     /// The default settings.
@@ -41,6 +47,7 @@ impl RelaySettings {
                 .with_factor(2.0)
                 .without_max_times()
                 .with_jitter(),
+            sent_retention: Some(Duration::from_secs(24 * 3600)),
         }
     }
 
@@ -77,6 +84,23 @@ impl RelaySettings {
     pub const fn with_backoff(self, min: Duration, max: Duration) -> Self {
         Self {
             backoff: self.backoff.with_min_delay(min).with_max_delay(max),
+            ..self
+        }
+    }
+
+    /// Prunes messages sent more than `retention` ago ([`prune_sent`](super::prune_sent)),
+    /// a batch between two rounds, about every 5 minutes.
+    pub const fn with_sent_retention(self, retention: Duration) -> Self {
+        Self {
+            sent_retention: Some(retention),
+            ..self
+        }
+    }
+
+    /// Keeps sent messages, for a prune of your own.
+    pub const fn without_pruning(self) -> Self {
+        Self {
+            sent_retention: None,
             ..self
         }
     }
@@ -177,6 +201,7 @@ async fn relay<S, P>(
     P: Publisher,
 {
     let mut connection = None;
+    let mut next_prune = Instant::now() + jittered(PRUNE_EVERY);
     loop {
         if *stopped.borrow() {
             return;
@@ -200,6 +225,20 @@ async fn relay<S, P>(
                 }
             }
         };
+        if let Some(retention) = settings
+            .sent_retention
+            .filter(|_| Instant::now() >= next_prune)
+        {
+            // One batch between two rounds, until a batch finds less than a batch's worth.
+            match prune_sent_batch(conn, retention).await {
+                Ok(BATCH) => {}
+                Ok(_) => next_prune = Instant::now() + jittered(PRUNE_EVERY),
+                Err(error) => {
+                    tracing::warn!(target: "diesel_inbox", %error, "pruning sent outbox messages failed; the next run tries again");
+                    next_prune = Instant::now() + jittered(PRUNE_EVERY);
+                }
+            }
+        }
         match round(conn, &publisher, &settings).await {
             Ok(taken) if taken == settings.batch => {}
             Ok(_) => pause(&stopped, settings.poll_interval).await,
@@ -279,6 +318,12 @@ where
             taken.retry_later(conn, delay, &error).await.map(drop)
         }
     }
+}
+
+/// `every`, moved by up to a tenth either way, so that relays started together do not
+/// prune in step.
+fn jittered(every: Duration) -> Duration {
+    every.mul_f64(0.9 + 0.2 * fastrand::f64())
 }
 
 /// Waits `delay`, or less if the relay is shut down meanwhile.

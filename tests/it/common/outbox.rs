@@ -248,6 +248,70 @@ pub async fn invalid_messages_are_refused_before_writing<D: TestDb>(db: D) {
     assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM inbox").await, 0);
 }
 
+/// Sent messages older than the window go, in batches, with the ordering keys no unsent
+/// message uses; unsent ones and recent sent ones stay. A key whose row is gone numbers
+/// its next message after its unsent ones, so that order holds across a prune.
+pub async fn sent_messages_are_pruned_with_idle_keys<D: TestDb>(db: D) {
+    let mut conn = migrated(&db).await;
+    for n in 0..2_500 {
+        let message = OutboxMessage::new("d", Vec::new());
+        let message = match n {
+            0..3 => message.ordering_key("idle"),
+            3..5 => message.ordering_key("busy"),
+            _ => message,
+        };
+        outbox::enqueue(&mut conn, message).await.expect("enqueue");
+    }
+    assert_eq!(drain(&mut conn).await.len(), 2_500);
+    let pending = OutboxMessage::new("d", b"pending".to_vec()).ordering_key("busy");
+    outbox::enqueue(&mut conn, pending).await.expect("enqueue");
+
+    let kept = outbox::prune_sent(&mut conn, Duration::from_secs(3_600))
+        .await
+        .expect("prune");
+    assert_eq!(kept, 0, "nothing was sent an hour ago");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pruned = outbox::prune_sent(&mut conn, Duration::from_millis(1))
+        .await
+        .expect("prune");
+    assert_eq!(pruned, 2_500);
+    assert_eq!(
+        count(&mut conn, "SELECT COUNT(*) FROM inbox_outbox").await,
+        1,
+        "the unsent one stays"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'idle'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'busy'"
+        )
+        .await,
+        1
+    );
+
+    // A key's row pruned while it has an unsent message: the next message still goes
+    // after it.
+    conn.batch_execute("DELETE FROM inbox_outbox_keys")
+        .await
+        .expect("forget the keys");
+    let later = OutboxMessage::new("d", b"later".to_vec()).ordering_key("busy");
+    outbox::enqueue(&mut conn, later).await.expect("enqueue");
+    let payloads: Vec<Vec<u8>> = drain(&mut conn)
+        .await
+        .iter()
+        .map(|message| message.payload().to_vec())
+        .collect();
+    assert_eq!(payloads, [b"pending".to_vec(), b"later".to_vec()]);
+}
+
 /// A claim's body runs outside a transaction: what it enqueues commits at once, like
 /// its other writes, and stays when the body fails. Run again, it enqueues the same id,
 /// which the receiver drops.
@@ -520,6 +584,7 @@ macro_rules! outbox_scenarios {
             one_keys_messages_go_out_in_commit_order,
             failed_publishes_are_retried_or_parked,
             claim_bodies_enqueue_at_once_with_stable_ids,
+            sent_messages_are_pruned_with_idle_keys,
         );
     };
     (@tests $db:expr; $($test:ident),+ $(,)?) => {$(

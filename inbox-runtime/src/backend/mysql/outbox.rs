@@ -1,7 +1,7 @@
 //! The outbox on MySQL and MariaDB: `NOW(6)` on the session's clock. The relay's
 //! statements run in transactions of their own, which commit whatever the session's
-//! autocommit setting; the one that takes due messages reads committed rows only, so
-//! that it sets no gap lock for handlers' inserts to wait on.
+//! autocommit setting; those that take due messages and prune sent ones read committed
+//! rows only, so that they set no gap lock for handlers' inserts to wait on.
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
 use crate::backend::outbox_statements::{
-    LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
+    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
 };
 use crate::backend::prepared::Prepared;
 use crate::backend::roll_back_for;
@@ -20,6 +20,15 @@ use crate::enclosing::{Enclosing, enclosing_transaction};
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
+}
+
+/// A sent message's id and ordering key, as the prune reads them before deleting.
+#[derive(diesel::QueryableByName)]
+struct SentRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Binary>)]
+    ordering_key: Option<Vec<u8>>,
 }
 
 impl OutboxStatements for Mysql {
@@ -43,9 +52,14 @@ impl OutboxStatements for Mysql {
         // read that follows sees this transaction's own update.
         Prepared(
             diesel::sql_query(
-                "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) VALUES (?, 1) \
-                 ON DUPLICATE KEY UPDATE last_seq = last_seq + 1",
+                // A locking read, of the latest rows: a key whose row was pruned
+                // starts after its unsent messages.
+                "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
+                 SELECT ?, COALESCE(MAX(ordering_seq), 0) + 1 FROM inbox_outbox \
+                 WHERE ordering_key = ? AND sent_at IS NULL \
+                 ON DUPLICATE KEY UPDATE last_seq = inbox_outbox_keys.last_seq + 1",
             )
+            .bind::<Text, _>(ordering_key.clone())
             .bind::<Text, _>(ordering_key.clone()),
         )
         .execute(conn)
@@ -91,12 +105,7 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // Only for a transaction of its own: MySQL refuses it inside one.
-        if matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing)) {
-            conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                .await?;
-        }
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin_reading_committed(conn).await?;
         let taken = take_in_transaction(conn, token, lease_micros, limit).await;
         ended(conn, taken).await
     }
@@ -202,6 +211,31 @@ impl OutboxStatements for Mysql {
             .await;
         Ok(ended(conn, deleted).await? == 1)
     }
+
+    async fn delete_sent<C>(
+        conn: &mut C,
+        window_micros: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<DeletedKey>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        begin_reading_committed(conn).await?;
+        let deleted = delete_sent_in_transaction(conn, window_micros, limit).await;
+        ended(conn, deleted).await
+    }
+
+    async fn delete_idle_keys<C>(conn: &mut C, ordering_keys: Vec<Vec<u8>>) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        if ordering_keys.is_empty() {
+            return Ok(0);
+        }
+        begin_reading_committed(conn).await?;
+        let deleted = delete_idle_keys_in_transaction(conn, ordering_keys).await;
+        ended(conn, deleted).await
+    }
 }
 
 /// Locks due messages that no other relay is taking, leases them to `token`, and reads
@@ -248,6 +282,98 @@ where
     ))
     .load(conn)
     .await
+}
+
+async fn delete_sent_in_transaction<C>(
+    conn: &mut C,
+    window_micros: i64,
+    limit: i64,
+) -> QueryResult<Vec<DeletedKey>>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let rows: Vec<SentRow> = Prepared(
+        diesel::sql_query(
+            "SELECT id, ordering_key FROM inbox_outbox \
+             WHERE sent_at < NOW(6) - INTERVAL ? MICROSECOND \
+             ORDER BY sent_at LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind::<BigInt, _>(window_micros)
+        .bind::<BigInt, _>(limit),
+    )
+    .load(conn)
+    .await?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
+    let ids = rows
+        .iter()
+        .map(|row| row.id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    diesel::sql_query(format!("DELETE FROM inbox_outbox WHERE id IN ({ids})"))
+        .execute(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| DeletedKey {
+            ordering_key: row.ordering_key,
+        })
+        .collect())
+}
+
+async fn delete_idle_keys_in_transaction<C>(
+    conn: &mut C,
+    ordering_keys: Vec<Vec<u8>>,
+) -> QueryResult<usize>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let placeholders = vec!["?"; ordering_keys.len()].join(", ");
+    // Locked first, in key order, skipping a key a transaction is enqueuing under: the
+    // delete then neither waits for a handler nor deadlocks with another pruner.
+    let mut locking = diesel::sql_query(format!(
+        "SELECT ordering_key FROM inbox_outbox_keys WHERE ordering_key IN ({placeholders}) \
+         ORDER BY ordering_key FOR UPDATE SKIP LOCKED"
+    ))
+    .into_boxed();
+    for key in &ordering_keys {
+        locking = locking.bind::<diesel::sql_types::Binary, _>(key.clone());
+    }
+    let locked: Vec<DeletedKey> = locking.load(conn).await?;
+    let locked: Vec<Vec<u8>> = locked
+        .into_iter()
+        .filter_map(|row| row.ordering_key)
+        .collect();
+    if locked.is_empty() {
+        return Ok(0);
+    }
+    let placeholders = vec!["?"; locked.len()].join(", ");
+    let mut deleting = diesel::sql_query(format!(
+        "DELETE FROM inbox_outbox_keys WHERE ordering_key IN ({placeholders}) \
+         AND NOT EXISTS (SELECT 1 FROM inbox_outbox o WHERE \
+         o.ordering_key = inbox_outbox_keys.ordering_key AND o.sent_at IS NULL)"
+    ))
+    .into_boxed();
+    for key in locked {
+        deleting = deleting.bind::<diesel::sql_types::Binary, _>(key);
+    }
+    deleting.execute(conn).await
+}
+
+/// Begins a transaction of the relay's or the pruner's that reads committed rows only,
+/// so that its locking reads set no gap lock for handlers' inserts to wait on.
+async fn begin_reading_committed<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    // Only for a transaction of its own: MySQL refuses it inside one.
+    if matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing)) {
+        conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await?;
+    }
+    C::TransactionManager::begin_transaction(conn).await
 }
 
 /// Commits the relay's transaction after `result`, or rolls it back after an error.

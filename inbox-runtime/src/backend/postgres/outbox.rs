@@ -7,7 +7,9 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bytea, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::outbox_statements::{LastSeq, NewOutgoing, OutboxStatements, OutgoingRow, due};
+use crate::backend::outbox_statements::{
+    DeletedKey, LastSeq, NewOutgoing, OutboxStatements, OutgoingRow, due,
+};
 use crate::backend::prepared::Prepared;
 
 /// An [`OutgoingRow`]'s columns, its texts as UTF-8 bytes.
@@ -62,11 +64,14 @@ impl OutboxStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         // The update locks the key's row: a second transaction waits here until the
-        // first ends, and then reads the number the first gave.
+        // first ends, and then reads the number the first gave. A key whose row was
+        // pruned starts after its unsent messages.
         let LastSeq { last_seq } = Prepared(
             diesel::sql_query(
                 "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
-                 VALUES (convert_from($1, 'UTF8'), 1) ON CONFLICT (ordering_key) \
+                 VALUES (convert_from($1, 'UTF8'), (SELECT COALESCE(MAX(ordering_seq), 0) + 1 \
+                 FROM inbox_outbox WHERE ordering_key = convert_from($1, 'UTF8') \
+                 AND sent_at IS NULL)) ON CONFLICT (ordering_key) \
                  DO UPDATE SET last_seq = inbox_outbox_keys.last_seq + 1 RETURNING last_seq",
             )
             .bind::<Bytea, _>(ordering_key.into_bytes()),
@@ -241,5 +246,47 @@ impl OutboxStatements for Pg {
         .execute(conn)
         .await?;
         Ok(deleted == 1)
+    }
+
+    async fn delete_sent<C>(
+        conn: &mut C,
+        window_micros: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<DeletedKey>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox_outbox WHERE id IN (SELECT id FROM inbox_outbox \
+                 WHERE sent_at < now() - $1 * INTERVAL '1 microsecond' \
+                 ORDER BY sent_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 RETURNING convert_to(ordering_key, 'UTF8') AS ordering_key",
+            )
+            .bind::<BigInt, _>(window_micros)
+            .bind::<BigInt, _>(limit),
+        )
+        .load(conn)
+        .await
+    }
+
+    async fn delete_idle_keys<C>(conn: &mut C, ordering_keys: Vec<Vec<u8>>) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // Locked in the sub-select, skipping a key a transaction is enqueuing under, so
+        // that neither waits nor two pruners deadlock.
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox_outbox_keys k WHERE k.ordering_key IN \
+                 (SELECT ordering_key FROM inbox_outbox_keys WHERE ordering_key IN \
+                 (SELECT convert_from(key, 'UTF8') FROM unnest($1) AS key) \
+                 FOR UPDATE SKIP LOCKED) AND NOT EXISTS (SELECT 1 FROM inbox_outbox o \
+                 WHERE o.ordering_key = k.ordering_key AND o.sent_at IS NULL)",
+            )
+            .bind::<diesel::sql_types::Array<Bytea>, _>(ordering_keys),
+        )
+        .execute(conn)
+        .await
     }
 }

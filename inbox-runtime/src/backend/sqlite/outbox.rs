@@ -9,7 +9,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::claims::ahead;
 use crate::backend::outbox_statements::{
-    LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
+    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
 };
 use crate::backend::prepared::Prepared;
 
@@ -18,6 +18,11 @@ macro_rules! now {
     () => {
         "strftime('%Y-%m-%d %H:%M:%f', 'now')"
     };
+}
+
+/// The `strftime` modifier that moves a time `micros` back.
+fn ago(micros: i64) -> String {
+    format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
 }
 
 impl OutboxStatements for Sqlite {
@@ -38,7 +43,10 @@ impl OutboxStatements for Sqlite {
     {
         let LastSeq { last_seq } = Prepared(
             diesel::sql_query(
-                "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) VALUES (?, 1) \
+                // A key whose row was pruned starts after its unsent messages.
+                "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) VALUES (?1, \
+                 (SELECT COALESCE(MAX(ordering_seq), 0) + 1 FROM inbox_outbox \
+                 WHERE ordering_key = ?1 AND sent_at IS NULL)) \
                  ON CONFLICT (ordering_key) DO UPDATE SET last_seq = last_seq + 1 \
                  RETURNING last_seq",
             )
@@ -207,5 +215,48 @@ impl OutboxStatements for Sqlite {
         .execute(conn)
         .await?;
         Ok(deleted == 1)
+    }
+
+    async fn delete_sent<C>(
+        conn: &mut C,
+        window_micros: i64,
+        limit: i64,
+    ) -> QueryResult<Vec<DeletedKey>>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        Prepared(
+            diesel::sql_query(
+                "DELETE FROM inbox_outbox WHERE id IN (SELECT id FROM inbox_outbox \
+                 WHERE sent_at IS NOT NULL AND sent_at < strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 ORDER BY sent_at LIMIT ?) RETURNING ordering_key",
+            )
+            .bind::<Text, _>(ago(window_micros))
+            .bind::<BigInt, _>(limit),
+        )
+        .load(conn)
+        .await
+    }
+
+    async fn delete_idle_keys<C>(conn: &mut C, ordering_keys: Vec<Vec<u8>>) -> QueryResult<usize>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        // One statement a key: SQLite takes one writer at a time, and a prune deletes
+        // few keys, those of the messages it deleted.
+        let mut deleted = 0;
+        for key in ordering_keys {
+            deleted += Prepared(
+                diesel::sql_query(
+                    "DELETE FROM inbox_outbox_keys WHERE ordering_key = CAST(? AS TEXT) \
+                     AND NOT EXISTS (SELECT 1 FROM inbox_outbox o WHERE \
+                     o.ordering_key = inbox_outbox_keys.ordering_key AND o.sent_at IS NULL)",
+                )
+                .bind::<Binary, _>(key),
+            )
+            .execute(conn)
+            .await?;
+        }
+        Ok(deleted)
     }
 }
