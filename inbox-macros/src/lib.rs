@@ -87,9 +87,15 @@ use quote::ToTokens;
 ///   declared return type or a `return`, its value is the key, as a function's is.
 ///   The body sees, under the parameter's name, a `Vec<&M>` of the messages new to this
 ///   consumer (a `mut` parameter gives a `mut` one), and the handler returns
-///   `Result<diesel_inbox::BatchOutcome<T>, E>`.
+///   `Result<diesel_inbox::BatchOutcome<T>, E>`. A batch taken by value as a `Vec<M>`,
+///   an array or a `Box<[M]>` gives the body a `Vec<M>` of the new messages, moved out
+///   of it, so that the handler's future is `Send` when `M` is, as a plain `async fn`'s
+///   is (a `Vec<&M>` held across an `.await` needs `M: Sync`); the duplicates drop
+///   before the body runs. The form goes by the type as written: a type alias of a
+///   `Vec`, or another type by value, such as `Arc<[M]>`, is lent as `Vec<&M>`.
 ///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
-///   call of `diesel_inbox::__private::run_batch` in place of `run`.
+///   call of `diesel_inbox::__private::run_batch` in place of `run`
+///   (`run_owned_batch` for a batch the body owns).
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`, or the name Cargo.toml gives a renamed dependency
@@ -227,8 +233,9 @@ use quote::ToTokens;
 /// `async fn`. The parentheses, which rustc drops, stand at the attribute, and so does
 /// the place after them where rustc suggests bounds: the trait default check below is
 /// not answered with "consider `where Self: Sized`". The batch form binds
-/// `batch_messages(&msgs)`, placed at the parameter in the signature, once, and passes
-/// its keys and the closure to `run_batch`.
+/// `batch_messages(&msgs)` (`owned_batch(msgs)` for a batch the body owns), placed at
+/// the parameter in the signature, once, and passes its keys and the closure to
+/// `run_batch`.
 ///
 /// `run` refuses a connection already inside a transaction (but for a test transaction,
 /// where it sets a savepoint instead), takes the fast path if it is on, then begins a

@@ -3,9 +3,9 @@
 //! transaction, over those that are new. Everything both forms share is checked in the
 //! parent module.
 
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, Token};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, Token, Type};
 
-use crate::diagnostics::{Errors, not_a_parameter};
+use crate::diagnostics::{Errors, not_a_parameter, ungroup};
 
 /// What the batch form adds to a handler that passed every check.
 pub(crate) struct Batch {
@@ -16,6 +16,21 @@ pub(crate) struct Batch {
     /// closure's `move` is taken off, into `capture`.
     pub(crate) key: Expr,
     pub(crate) capture: Option<Token![move]>,
+    /// What the body gets of the messages.
+    pub(crate) form: Form,
+}
+
+/// How the batch parameter's messages reach the body, as its type and the handler's
+/// return type say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Borrows of the new messages, for any lifetime (`Vec<&M>`): a borrowed batch, or
+    /// one by value of a type other than the three below.
+    Lent,
+    /// The new messages themselves (`Vec<M>`), moved out of a batch taken as a `Vec`,
+    /// an array or a `Box`, so that the body holds no `&M` across an `.await`, which
+    /// would need `M: Sync` for a `Send` future.
+    Owned,
 }
 
 /// Arguments that do not combine with `batch`, and why.
@@ -70,15 +85,40 @@ pub(crate) fn validate(
         }
     });
     let (key, capture) = key?;
+    let (messages, ty) = messages?;
     Some(Batch {
-        messages: messages?,
+        messages,
         key,
         capture,
+        form: form(ty),
     })
 }
 
-/// The parameter `batch = …` names.
-fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> Option<Ident> {
+/// The form the body gets the messages of a batch parameter of type `ty` in. Only the
+/// type as written is seen: a type alias of a `Vec` is lent, as any other by-value type.
+fn form(ty: &Type) -> Form {
+    match ungroup(ty) {
+        Type::Array(_) => Form::Owned,
+        Type::Path(path)
+            if path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| last.ident == "Vec" || last.ident == "Box") =>
+        {
+            Form::Owned
+        }
+        _ => Form::Lent,
+    }
+}
+
+/// The parameter `batch = …` names, and its type.
+fn messages_parameter<'f>(
+    value: &Expr,
+    function: &'f ItemFn,
+    errors: &mut Errors,
+) -> Option<(Ident, &'f Type)> {
     let message = "`batch` takes the name of the parameter holding the messages, \
                    such as `batch = msgs` for `msgs: &[CreditRequested]`";
     let Expr::Path(path) = value else {
@@ -93,7 +133,7 @@ fn messages_parameter(value: &Expr, function: &ItemFn, errors: &mut Errors) -> O
     // reported there.
     let parameter = function.sig.inputs.iter().find_map(|input| match input {
         FnArg::Typed(typed) => match typed.pat.as_ref() {
-            Pat::Ident(pat) if pat.ident == *name => Some(pat.ident.clone()),
+            Pat::Ident(pat) if pat.ident == *name => Some((pat.ident.clone(), typed.ty.as_ref())),
             _ => None,
         },
         FnArg::Receiver(_) => None,
