@@ -92,10 +92,15 @@ use quote::ToTokens;
 ///   of it, so that the handler's future is `Send` when `M` is, as a plain `async fn`'s
 ///   is (a `Vec<&M>` held across an `.await` needs `M: Sync`); the duplicates drop
 ///   before the body runs. The form goes by the type as written: a type alias of a
-///   `Vec`, or another type by value, such as `Arc<[M]>`, is lent as `Vec<&M>`.
+///   `Vec`, or another type by value, such as `Arc<[M]>`, is lent as `Vec<&M>`. When the
+///   return type names the lifetime of a borrowed batch (`msgs: &'a [M]` returning
+///   `Result<Vec<&'a str>, E>`), the body's `Vec<&'a M>` is borrowed for that lifetime,
+///   so that its value may borrow from the messages; such a handler's future cannot be
+///   `tokio::spawn`ed (rustc does not prove it `Send` for every lifetime).
 ///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
 ///   call of `diesel_inbox::__private::run_batch` in place of `run`
-///   (`run_owned_batch` for a batch the body owns).
+///   (`run_owned_batch` for a batch the body owns, `run_lending_batch` for one its
+///   value borrows from).
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`, or the name Cargo.toml gives a renamed dependency

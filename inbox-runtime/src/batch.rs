@@ -311,7 +311,42 @@ where
     .await
 }
 
-/// The two runners' common course: the body gets the items of `messages` whose
+/// [`run_batch`] for a body whose value borrows from the messages
+/// (`msgs: &'a [M]` returning `Result<Vec<&'a str>, E>`): the body's messages are
+/// borrowed for the batch's own lifetime `'m`, not for any lifetime, so its value may
+/// name it. Such a handler is awaited where its batch lives: its future is not
+/// spawnable, even over a `&'static` batch, since rustc does not prove it `Send` for
+/// every lifetime of the messages ("implementation of `AsyncFnOnce` is not general
+/// enough"). [`run_batch`], whose body takes its messages for any lifetime, has no
+/// such limit.
+#[doc(hidden)]
+pub async fn run_lending_batch<'m, C, M, T, E, F>(
+    conn: &mut C,
+    begin: Begin<C>,
+    handler: &'static Handler,
+    messages: &'m [M],
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    error_type: HandlerErrorType<E>,
+    body: F,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C, Vec<&'m M>) -> Result<T, E>,
+{
+    run_new(
+        conn,
+        begin,
+        handler,
+        messages.iter(),
+        message_ids,
+        error_type,
+        body,
+    )
+    .await
+}
+
+/// The three runners' common course: the body gets the items of `messages` whose
 /// markers are new, whatever those items are (borrows of the messages, or the messages
 /// themselves).
 async fn run_new<C, I, T, E, F>(

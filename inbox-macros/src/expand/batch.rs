@@ -1,5 +1,6 @@
 //! Writing the batch form: the keys of all messages, checked before the transaction,
-//! then `run_batch` in place of `run` (`run_owned_batch` for a batch the body owns).
+//! then `run_batch` in place of `run` (`run_owned_batch` for a batch the body owns,
+//! `run_lending_batch` for one its value borrows from).
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -45,13 +46,15 @@ pub(crate) fn expand_run(
     // reported there, once: through a binding of the name as written, in a block of its
     // own, since the signature's binding has the expansion's hygiene (see `Hidden`).
     let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
-    // A batch the body owns is moved into a `Vec` first, and its keys read from there.
+    // A batch the body owns is moved into a `Vec` first, and its keys read from there;
+    // one it borrows for the batch's lifetime is reborrowed for all of it.
     let messages_slice = {
         let krate = at(krate, messages.span());
         let hidden = Hidden::of(messages).hidden;
         let (binding, conversion) = match form {
             Form::Lent => (quote!(&#hidden), "batch_messages"),
             Form::Owned => (quote!(#hidden), "owned_batch"),
+            Form::Lending => (quote!(&*#hidden), "batch_messages"),
         };
         let conversion = Ident::new(conversion, messages.span());
         quote_spanned!(messages.span()=> {
@@ -62,7 +65,7 @@ pub(crate) fn expand_run(
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
     let borrowed = match form {
         Form::Owned => quote!(&#slice),
-        Form::Lent => quote!(#slice),
+        Form::Lent | Form::Lending => quote!(#slice),
     };
     let (keys, key_of) = keys(krate, &borrowed, key, capture.as_ref());
     let keys = renamed.reach(keys);
@@ -70,6 +73,7 @@ pub(crate) fn expand_run(
     let runner = match form {
         Form::Lent => "run_batch",
         Form::Owned => "run_owned_batch",
+        Form::Lending => "run_lending_batch",
     };
     let runner = Ident::new(runner, conn.span());
     let run = {

@@ -3,7 +3,9 @@
 //! transaction, over those that are new. Everything both forms share is checked in the
 //! parent module.
 
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, Token, Type};
+use proc_macro2::{TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::{Expr, FnArg, Ident, ItemFn, Lifetime, Pat, ReturnType, Token, Type};
 
 use crate::diagnostics::{Errors, not_a_parameter, ungroup};
 
@@ -31,6 +33,10 @@ pub(crate) enum Form {
     /// an array or a `Box`, so that the body holds no `&M` across an `.await`, which
     /// would need `M: Sync` for a `Send` future.
     Owned,
+    /// Borrows for the batch's own lifetime, which the return type names
+    /// (`msgs: &'a [M] -> Result<Vec<&'a str>, E>`): the body's value may then borrow
+    /// from its messages.
+    Lending,
 }
 
 /// Arguments that do not combine with `batch`, and why.
@@ -90,14 +96,22 @@ pub(crate) fn validate(
         messages,
         key,
         capture,
-        form: form(ty),
+        form: form(ty, &function.sig.output),
     })
 }
 
 /// The form the body gets the messages of a batch parameter of type `ty` in. Only the
 /// type as written is seen: a type alias of a `Vec` is lent, as any other by-value type.
-fn form(ty: &Type) -> Form {
+fn form(ty: &Type, output: &ReturnType) -> Form {
     match ungroup(ty) {
+        Type::Reference(reference) => match (&reference.lifetime, output) {
+            (Some(lifetime), ReturnType::Type(_, result))
+                if names_lifetime(result.to_token_stream(), lifetime) =>
+            {
+                Form::Lending
+            }
+            _ => Form::Lent,
+        },
         Type::Array(_) => Form::Owned,
         Type::Path(path)
             if path.qself.is_none()
@@ -111,6 +125,20 @@ fn form(ty: &Type) -> Form {
         }
         _ => Form::Lent,
     }
+}
+
+/// Whether `tokens` name `lifetime` (a lifetime is a `'` joined to an identifier).
+fn names_lifetime(tokens: TokenStream, lifetime: &Lifetime) -> bool {
+    let mut quote = false;
+    tokens.into_iter().any(|token| {
+        let named = match &token {
+            TokenTree::Ident(ident) => quote && *ident == lifetime.ident,
+            TokenTree::Group(group) => names_lifetime(group.stream(), lifetime),
+            TokenTree::Punct(_) | TokenTree::Literal(_) => false,
+        };
+        quote = matches!(&token, TokenTree::Punct(punct) if punct.as_char() == '\'');
+        named
+    })
 }
 
 /// The parameter `batch = …` names, and its type.
@@ -142,4 +170,50 @@ fn messages_parameter<'f>(
         errors.spanned(name, not_a_parameter("batch", name, function));
     }
     parameter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Form, form};
+
+    fn form_of(parameter: &str, output: &str) -> Form {
+        form(
+            &syn::parse_str(parameter).unwrap(),
+            &syn::parse_str(output).unwrap(),
+        )
+    }
+
+    #[test]
+    fn owned_batches_are_the_vec_array_and_box() {
+        for owned in [
+            "Vec<M>",
+            "std::vec::Vec<M>",
+            "[M; 3]",
+            "Box<[M]>",
+            "Box<Vec<M>>",
+        ] {
+            assert_eq!(form_of(owned, "-> Result<(), E>"), Form::Owned, "{owned}");
+        }
+        for lent in [
+            "&[M]",
+            "&Vec<M>",
+            "&mut [M]",
+            "Arc<[M]>",
+            "Batch",
+            "<T as B>::Vec",
+        ] {
+            assert_eq!(form_of(lent, "-> Result<(), E>"), Form::Lent, "{lent}");
+        }
+    }
+
+    #[test]
+    fn a_batch_is_lending_when_the_return_type_names_its_lifetime() {
+        let output = "-> Result<Vec<&'a str>, E>";
+        assert_eq!(form_of("&'a [M]", output), Form::Lending);
+        assert_eq!(form_of("&'a mut Vec<M>", output), Form::Lending);
+        assert_eq!(form_of("&'b [M]", output), Form::Lent);
+        assert_eq!(form_of("&'ab [M]", output), Form::Lent);
+        assert_eq!(form_of("&'a [M]", "-> Result<Vec<a>, E>"), Form::Lent);
+        assert_eq!(form_of("Vec<&'a M>", output), Form::Owned);
+    }
 }

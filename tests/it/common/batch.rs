@@ -528,6 +528,45 @@ pub async fn owned_unsync_batch_runs_in_a_spawned_task<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 3).await, vec![1, 1, 1]);
 }
 
+/// Returns borrows of its messages, as a plain `async fn` taking `&'a [Credit]` may.
+#[idempotent(consumer = "lending_batch_credit", batch = credits, key = |credit| credit.message_id.as_str())]
+pub async fn lending_batch_credit<'a, C>(
+    conn: &mut C,
+    credits: &'a [Credit],
+) -> Result<Vec<&'a str>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let mut applied = Vec::new();
+    for credit in credits {
+        apply(conn, credit).await?;
+        applied.push(credit.message_id.as_str());
+    }
+    Ok(applied)
+}
+
+/// A batch body's value borrows from the batch's messages: the new ones', each once.
+pub async fn lending_batch_returns_borrows_of_its_messages<D: TestDb>(db: D) {
+    create_tables(&db, 3).await;
+    let mut conn = db.connect().await;
+    let batch = [0, 1, 0].map(Credit::numbered);
+    let first = lending_batch_credit(&mut conn, &batch).await.unwrap();
+    use Outcome::{Duplicate as D, Processed as P};
+    assert_eq!(first.outcomes(), [P(()), P(()), D]);
+    let applied = first.into_value().unwrap();
+    assert_eq!(applied, ["msg-0", "msg-1"]);
+    assert!(
+        std::ptr::eq(applied[1], batch[1].message_id.as_str()),
+        "the value borrows from the batch itself"
+    );
+    let batch = [1, 2].map(Credit::numbered);
+    let second = lending_batch_credit(&mut conn, &batch).await.unwrap();
+    assert_eq!(second.outcomes(), [D, P(())]);
+    assert_eq!(second.into_value().unwrap(), ["msg-2"]);
+    assert_eq!(balances(&db, 3).await, vec![1, 1, 1]);
+}
+
 /// Every batch scenario, as one `#[tokio::test]` each, and the rolled-back-underneath
 /// one with the statement the backend's body swallows.
 macro_rules! batch_scenarios {
@@ -545,6 +584,7 @@ macro_rules! batch_scenarios {
             invalid_key_rejects_the_whole_batch,
             batch_runs_inside_a_test_transaction,
             owned_unsync_batch_runs_in_a_spawned_task,
+            lending_batch_returns_borrows_of_its_messages,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
