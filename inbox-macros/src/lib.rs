@@ -261,7 +261,10 @@ use quote::ToTokens;
 /// captured as the body uses it, so one the body only reads must also be `Sync`.
 ///
 /// A method, or a function whose signature names `Self`, also gets a check at the top
-/// of its body that fails to compile in a trait's default method (see below).
+/// of its body that fails to compile in a trait's default method (see below), unless
+/// it has a visibility (`pub`, `pub(crate)`, `pub(self)`), which a trait's method
+/// cannot have: a method of an unsized type (in `impl dyn Trait`, or of a struct whose
+/// last field is a slice) is told apart by it.
 ///
 /// # Errors
 ///
@@ -288,9 +291,10 @@ use quote::ToTokens;
 /// `impl Trait` taken by value); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
 /// without `From<diesel::result::Error>` (at the error type in the signature); a trait's
-/// default method, whose consumer every implementor would share (at the consumer;
-/// recognised by its `?Sized` `Self`, so not in a trait that requires `Self: Sized`, nor
-/// in a method that neither takes `self` nor names `Self` in its signature); a method
+/// default method, whose consumer every implementor would share (at `self`, or else at
+/// the method's name; recognised by its `?Sized` `Self`, so not in a trait that requires
+/// `Self: Sized`, nor in a method that neither takes `self` nor names `Self` in its
+/// signature), and so a method without a visibility of an unsized type; a method
 /// already rewritten by `#[async_trait]`, whose boxed future the attribute cannot reach
 /// (use an inherent `async fn`, or a native `async fn` in the trait). All argument and
 /// signature mistakes are reported in one build, and the function is still emitted, so
