@@ -134,7 +134,9 @@ pub mod __private {
         HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,
         register_handler, run, run_claimed,
     };
-    pub use inbox_runtime::{batch_keys, batch_messages, run_batch};
+    pub use inbox_runtime::{
+        batch_keys, batch_messages, owned_batch, run_batch, run_lending_batch, run_owned_batch,
+    };
 }
 
 #[cfg(feature = "testing")]

@@ -87,9 +87,20 @@ use quote::ToTokens;
 ///   declared return type or a `return`, its value is the key, as a function's is.
 ///   The body sees, under the parameter's name, a `Vec<&M>` of the messages new to this
 ///   consumer (a `mut` parameter gives a `mut` one), and the handler returns
-///   `Result<diesel_inbox::BatchOutcome<T>, E>`.
+///   `Result<diesel_inbox::BatchOutcome<T>, E>`. A batch taken by value as a `Vec<M>`,
+///   an array or a `Box<[M]>` gives the body a `Vec<M>` of the new messages, moved out
+///   of it, so that the handler's future is `Send` when `M` is, as a plain `async fn`'s
+///   is (a `Vec<&M>` held across an `.await` needs `M: Sync`); the duplicates drop
+///   before the body runs. The form goes by the type as written: a type alias of a
+///   `Vec`, or another type by value, such as `Arc<[M]>`, is lent as `Vec<&M>`. When the
+///   return type names the lifetime of a borrowed batch (`msgs: &'a [M]` returning
+///   `Result<Vec<&'a str>, E>`), the body's `Vec<&'a M>` is borrowed for that lifetime,
+///   so that its value may borrow from the messages; such a handler's future cannot be
+///   `tokio::spawn`ed (rustc does not prove it `Send` for every lifetime).
 ///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
-///   call of `diesel_inbox::__private::run_batch` in place of `run`.
+///   call of `diesel_inbox::__private::run_batch` in place of `run`
+///   (`run_owned_batch` for a batch the body owns, `run_lending_batch` for one its
+///   value borrows from).
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`, or the name Cargo.toml gives a renamed dependency
@@ -227,8 +238,9 @@ use quote::ToTokens;
 /// `async fn`. The parentheses, which rustc drops, stand at the attribute, and so does
 /// the place after them where rustc suggests bounds: the trait default check below is
 /// not answered with "consider `where Self: Sized`". The batch form binds
-/// `batch_messages(&msgs)`, placed at the parameter in the signature, once, and passes
-/// its keys and the closure to `run_batch`.
+/// `batch_messages(&msgs)` (`owned_batch(msgs)` for a batch the body owns), placed at
+/// the parameter in the signature, once, and passes its keys and the closure to
+/// `run_batch`.
 ///
 /// `run` refuses a connection already inside a transaction (but for a test transaction,
 /// where it sets a savepoint instead), takes the fast path if it is on, then begins a
@@ -249,7 +261,10 @@ use quote::ToTokens;
 /// captured as the body uses it, so one the body only reads must also be `Sync`.
 ///
 /// A method, or a function whose signature names `Self`, also gets a check at the top
-/// of its body that fails to compile in a trait's default method (see below).
+/// of its body that fails to compile in a trait's default method (see below), unless
+/// it has a visibility (`pub`, `pub(crate)`, `pub(self)`), which a trait's method
+/// cannot have: a method of an unsized type (in `impl dyn Trait`, or of a struct whose
+/// last field is a slice) is told apart by it.
 ///
 /// # Errors
 ///
@@ -276,9 +291,10 @@ use quote::ToTokens;
 /// `impl Trait` taken by value); a body naming the connection's
 /// lifetime; a key whose type does not implement `InboxKey` (at the key); an error type
 /// without `From<diesel::result::Error>` (at the error type in the signature); a trait's
-/// default method, whose consumer every implementor would share (at the consumer;
-/// recognised by its `?Sized` `Self`, so not in a trait that requires `Self: Sized`, nor
-/// in a method that neither takes `self` nor names `Self` in its signature); a method
+/// default method, whose consumer every implementor would share (at `self`, or else at
+/// the method's name; recognised by its `?Sized` `Self`, so not in a trait that requires
+/// `Self: Sized`, nor in a method that neither takes `self` nor names `Self` in its
+/// signature), and so a method without a visibility of an unsized type; a method
 /// already rewritten by `#[async_trait]`, whose boxed future the attribute cannot reach
 /// (use an inherent `async fn`, or a native `async fn` in the trait). All argument and
 /// signature mistakes are reported in one build, and the function is still emitted, so

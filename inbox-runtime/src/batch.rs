@@ -22,7 +22,7 @@ use crate::body_scope::{InBody, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
-use crate::handler::Handler;
+use crate::handler::{Handler, RegisteredHandler};
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
@@ -108,6 +108,58 @@ pub fn batch_messages<M, A: BatchParameter<M> + ?Sized>(messages: &A) -> &[M] {
     messages.messages()
 }
 
+/// A batch parameter taken by value, whose new messages the body then owns: a `Vec`, an
+/// array or a boxed slice. Any other type the handler takes by value is lent to the body
+/// as a slice, as [`BatchParameter`] says.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a batch taken by value is a `Vec<M>`, `[M; N]` or `Box<[M]>`, not `{Self}`",
+    label = "not a batch of messages",
+    note = "the body then owns the new messages; borrow a batch of another type (`msgs: &[M]`), \
+            with `key = |msg| …` the key of one `M`"
+)]
+pub trait OwnedBatch<M> {
+    /// The messages, in the batch's order.
+    fn into_messages(self) -> Vec<M>;
+}
+
+impl<M> OwnedBatch<M> for Vec<M> {
+    fn into_messages(self) -> Vec<M> {
+        self
+    }
+}
+
+impl<M> OwnedBatch<M> for Box<[M]> {
+    fn into_messages(self) -> Vec<M> {
+        self.into_vec()
+    }
+}
+
+impl<M, const N: usize> OwnedBatch<M> for [M; N] {
+    fn into_messages(self) -> Vec<M> {
+        self.into()
+    }
+}
+
+// Boxed as well, so that rustc does not suggest dereferencing the parameter.
+impl<M> OwnedBatch<M> for Box<Vec<M>> {
+    fn into_messages(self) -> Vec<M> {
+        *self
+    }
+}
+
+impl<M, const N: usize> OwnedBatch<M> for Box<[M; N]> {
+    fn into_messages(self) -> Vec<M> {
+        Vec::from(self as Box<[M]>)
+    }
+}
+
+/// The messages of a batch parameter taken by value.
+#[doc(hidden)]
+pub fn owned_batch<M, A: OwnedBatch<M>>(messages: A) -> Vec<M> {
+    messages.into_messages()
+}
+
 /// Encodes the key of each message, in order; the first that cannot be encoded rejects
 /// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here.
 #[doc(hidden)]
@@ -186,7 +238,7 @@ impl Markers {
 
 /// Runs `body` once over the messages of `messages` that are new to this consumer, in
 /// one transaction with their markers. This is what `#[idempotent(batch = …)]` expands
-/// to.
+/// to for a borrowed batch, such as `msgs: &[M]`; the body sees a `Vec<&M>`.
 ///
 /// 1. An empty batch returns at once, with no transaction. An invalid key (in
 ///    `message_ids`, encoded by [`batch_keys`]) rejects the batch before anything is
@@ -200,7 +252,7 @@ impl Markers {
 ///    the body does not run, and the transaction rolls back. `Err` from `body` rolls back
 ///    every marker of the batch.
 ///
-/// The returned future is `Send` exactly when `body`'s is.
+/// The returned future is `Send` exactly when `body`'s is and `M` is `Sync`.
 #[doc(hidden)]
 pub async fn run_batch<'m, C, M, T, E, F>(
     conn: &mut C,
@@ -216,13 +268,111 @@ where
     C::Backend: InboxBackend,
     F: for<'r, 'b> AsyncFnOnce(&'r mut C, Vec<&'b M>) -> Result<T, E>,
 {
-    if messages.is_empty() {
+    run_new(
+        conn,
+        begin,
+        handler,
+        messages.iter(),
+        message_ids,
+        error_type,
+        body,
+    )
+    .await
+}
+
+/// [`run_batch`] for a batch the handler owns (`msgs: Vec<M>`, `[M; N]`, `Box<[M]>`):
+/// the body owns the new messages, a `Vec<M>` moved out of the batch, so that the
+/// returned future is `Send` when `M` is, as a plain `async fn`'s that takes the batch
+/// is; the duplicates drop before the body runs.
+#[doc(hidden)]
+pub async fn run_owned_batch<C, M, T, E, F>(
+    conn: &mut C,
+    begin: Begin<C>,
+    handler: &'static Handler,
+    messages: Vec<M>,
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    error_type: HandlerErrorType<E>,
+    body: F,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C, Vec<M>) -> Result<T, E>,
+{
+    run_new(
+        conn,
+        begin,
+        handler,
+        messages,
+        message_ids,
+        error_type,
+        body,
+    )
+    .await
+}
+
+/// [`run_batch`] for a body whose value borrows from the messages
+/// (`msgs: &'a [M]` returning `Result<Vec<&'a str>, E>`): the body's messages are
+/// borrowed for the batch's own lifetime `'m`, not for any lifetime, so its value may
+/// name it. Such a handler is awaited where its batch lives: its future is not
+/// spawnable, even over a `&'static` batch, since rustc does not prove it `Send` for
+/// every lifetime of the messages ("implementation of `AsyncFnOnce` is not general
+/// enough"). [`run_batch`], whose body takes its messages for any lifetime, has no
+/// such limit.
+#[doc(hidden)]
+pub async fn run_lending_batch<'m, C, M, T, E, F>(
+    conn: &mut C,
+    begin: Begin<C>,
+    handler: &'static Handler,
+    messages: &'m [M],
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    error_type: HandlerErrorType<E>,
+    body: F,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    F: for<'r> AsyncFnOnce(&'r mut C, Vec<&'m M>) -> Result<T, E>,
+{
+    run_new(
+        conn,
+        begin,
+        handler,
+        messages.iter(),
+        message_ids,
+        error_type,
+        body,
+    )
+    .await
+}
+
+/// The three runners' common course: the body gets the items of `messages` whose
+/// markers are new, whatever those items are (borrows of the messages, or the messages
+/// themselves).
+async fn run_new<C, I, T, E, F>(
+    conn: &mut C,
+    begin: Begin<C>,
+    handler: &'static Handler,
+    messages: I,
+    message_ids: Result<Vec<String>, InvalidBatchKey>,
+    error_type: HandlerErrorType<E>,
+    body: F,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    I: IntoIterator<IntoIter: ExactSizeIterator>,
+    F: for<'r> AsyncFnOnce(&'r mut C, Vec<I::Item>) -> Result<T, E>,
+{
+    let messages = messages.into_iter();
+    let len = messages.len();
+    if len == 0 {
         return Ok(BatchOutcome::all_duplicates(0));
     }
     // As in `run`: only what depends on the body's types is written here; the rest is
     // generic over the connection alone, and boxed.
     let registration = handler.registration;
-    let span = report::batch_span(registration, messages.len());
+    let span = report::batch_span(registration, len);
     let started = Instant::now();
     let opened = open(conn, begin, registration.consumer, message_ids, &span);
     let stopped = match opened.await {
@@ -232,7 +382,6 @@ where
             new,
         }) => {
             let to_process = messages
-                .iter()
                 .enumerate()
                 .filter(|&(index, _)| markers.processes(index, &new))
                 .map(|(_, message)| message)
@@ -251,6 +400,19 @@ where
         }
         Err(stop) => Err(stop.widen()),
     };
+    settle(stopped, len, registration, &error_type, &span, started)
+}
+
+/// What a batch's stop means for its caller, reported: generic over the body's value
+/// and error alone.
+fn settle<T, E>(
+    stopped: Result<BatchOutcome<T>, Stop<E>>,
+    len: usize,
+    registration: RegisteredHandler,
+    error_type: &HandlerErrorType<E>,
+    span: &tracing::Span,
+    started: Instant,
+) -> Result<BatchOutcome<T>, E> {
     let (result, outcome) = match stopped {
         Ok(batch) => {
             span.record("inbox.processed", batch.processed());
@@ -258,26 +420,23 @@ where
             (Ok(batch), "processed")
         }
         Err(Stop::Duplicate) => {
-            report::batch_duplicate(&span);
-            (
-                Ok(BatchOutcome::all_duplicates(messages.len())),
-                "duplicate",
-            )
+            report::batch_duplicate(span);
+            (Ok(BatchOutcome::all_duplicates(len)), "duplicate")
         }
         Err(Stop::Handler(error)) => {
-            report::handler_error(&span, (error_type.database_class)(&error));
+            report::handler_error(span, (error_type.database_class)(&error));
             (Err(error), "handler_error")
         }
         Err(Stop::Database(error)) => (Err((error_type.from_diesel)(error)), "database_error"),
     };
     // Each message counts as a delivery of its own; a failed batch, all with its error.
     let settled = result.as_ref().map_or(&[][..], BatchOutcome::outcomes);
-    let per_message = (0..messages.len()).map(|index| match settled.get(index) {
+    let per_message = (0..len).map(|index| match settled.get(index) {
         Some(message) if message.is_processed() => "processed",
         Some(_) => "duplicate",
         None => outcome,
     });
-    report::finished_batch(&span, registration, outcome, per_message, started.elapsed());
+    report::finished_batch(span, registration, outcome, per_message, started.elapsed());
     result
 }
 

@@ -50,7 +50,10 @@ mod transaction;
 mod verdict;
 
 pub use backend::InboxBackend;
-pub use batch::{BatchOutcome, BatchParameter, batch_keys, batch_messages, run_batch};
+pub use batch::{
+    BatchOutcome, BatchParameter, OwnedBatch, batch_keys, batch_messages, owned_batch, run_batch,
+    run_lending_batch, run_owned_batch,
+};
 pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
 pub use claims::{Claim, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};

@@ -1,5 +1,6 @@
 //! Writing the batch form: the keys of all messages, checked before the transaction,
-//! then `run_batch` in place of `run`.
+//! then `run_batch` in place of `run` (`run_owned_batch` for a batch the body owns,
+//! `run_lending_batch` for one its value borrows from).
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -8,7 +9,7 @@ use syn::{Expr, Ident, Path, ReturnType, Token};
 
 use super::{Hidden, Renamed};
 use crate::diagnostics::at;
-use crate::validate::batch::Batch;
+use crate::validate::batch::{Batch, Form};
 
 /// The closure's parameter after the connection: the new messages, under the batch
 /// parameter's name, `mut` if the handler's parameter was.
@@ -23,8 +24,9 @@ pub(crate) fn closure_parameter(
 }
 
 /// The handler's statements from the keys on: the keys of all messages, checked before
-/// the transaction, then the call of `run_batch`, which returns the handler's result.
-/// `connection` is `run_batch`'s first two arguments: the borrow and how to begin.
+/// the transaction, then the call of the runner of the batch's form, which returns the
+/// handler's result.
+/// `connection` is the runner's first two arguments: the borrow and how to begin.
 pub(crate) fn expand_run(
     batch: &Batch,
     krate: &Path,
@@ -38,27 +40,46 @@ pub(crate) fn expand_run(
         messages,
         key,
         capture,
+        form,
     } = batch;
     // Spanned at the parameter in the signature, so that one that is no batch is
     // reported there, once: through a binding of the name as written, in a block of its
     // own, since the signature's binding has the expansion's hygiene (see `Hidden`).
     let slice = format_ident!("__inbox_messages", span = Span::mixed_site());
+    // A batch the body owns is moved into a `Vec` first, and its keys read from there;
+    // one it borrows for the batch's lifetime is reborrowed for all of it.
     let messages_slice = {
         let krate = at(krate, messages.span());
         let hidden = Hidden::of(messages).hidden;
+        let (binding, conversion) = match form {
+            Form::Lent => (quote!(&#hidden), "batch_messages"),
+            Form::Owned => (quote!(#hidden), "owned_batch"),
+            Form::Lending => (quote!(&*#hidden), "batch_messages"),
+        };
+        let conversion = Ident::new(conversion, messages.span());
         quote_spanned!(messages.span()=> {
-            let #messages = &#hidden;
-            #krate::__private::batch_messages(#messages)
+            let #messages = #binding;
+            #krate::__private::#conversion(#messages)
         })
     };
     let message_ids = format_ident!("__inbox_message_ids", span = Span::mixed_site());
-    let (keys, key_of) = keys(krate, &slice, key, capture.as_ref());
+    let borrowed = match form {
+        Form::Owned => quote!(&#slice),
+        Form::Lent | Form::Lending => quote!(#slice),
+    };
+    let (keys, key_of) = keys(krate, &borrowed, key, capture.as_ref());
     let keys = renamed.reach(keys);
     let conn = &renamed.connection.visible;
+    let runner = match form {
+        Form::Lent => "run_batch",
+        Form::Owned => "run_owned_batch",
+        Form::Lending => "run_lending_batch",
+    };
+    let runner = Ident::new(runner, conn.span());
     let run = {
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
-            #krate::__private::run_batch(
+            #krate::__private::#runner(
                 #connection,
                 &#registration,
                 #slice,
@@ -82,7 +103,7 @@ pub(crate) fn expand_run(
 /// closure's captures move once, into the closure over all messages.
 fn keys(
     krate: &Path,
-    slice: &Ident,
+    slice: &TokenStream,
     key: &Expr,
     capture: Option<&Token![move]>,
 ) -> (TokenStream, Option<TokenStream>) {

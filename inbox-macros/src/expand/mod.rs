@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 use syn::token::Brace;
 use syn::visit_mut::{self, VisitMut};
 use syn::{
-    FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, parse_quote,
+    FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Token, Type, Visibility, parse_quote,
     parse_quote_spanned,
 };
 
@@ -117,7 +117,10 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     };
     let claim = consumer_claim(&consumer);
     let method = has_self(&function.sig);
-    let not_in_trait_default = method.then(|| not_in_trait_default(&consumer));
+    // A trait's method has no visibility: one that has is an `impl`'s, whatever its
+    // `Self`, such as `impl dyn Trait` or a struct ending in a slice, which are unsized.
+    let in_impl = !matches!(function.vis, Visibility::Inherited);
+    let not_in_trait_default = (method && !in_impl).then(|| not_in_trait_default(&function.sig));
     let handler = function.sig.ident.to_string();
     // A method's type is out of the attribute's sight (and `Self` out of a static's), so
     // its place tells it from a namesake on another type of the module.
@@ -691,20 +694,32 @@ fn has_self(sig: &Signature) -> bool {
 /// share: one implementor's markers would then make the others' deliveries `Duplicate`.
 /// The attribute sees only the function, so the check goes by what differs in its body:
 /// a trait's `Self` is not `Sized` unless the trait requires it, while the type of an
-/// `impl` block practically always is.
-fn not_in_trait_default(consumer: &LitStr) -> TokenStream {
-    quote_spanned! {consumer.span()=>
+/// `impl` block usually is. A method of an unsized type is told apart by a visibility,
+/// which the caller checks. Reported at `self`, or else at the method's name.
+fn not_in_trait_default(sig: &Signature) -> TokenStream {
+    let span = sig
+        .receiver()
+        .map_or(sig.ident.span(), |receiver| receiver.self_token.span);
+    // `do_not_recommend`: for an unsized type of an `impl`, the error is then this one,
+    // which says what to do, rather than rustc's "the size … cannot be known".
+    quote_spanned! {span=>
         {
             #[diagnostic::on_unimplemented(
                 message = "`#[idempotent]` cannot go on a trait's default method",
                 label = "every implementor would share this consumer and its markers",
                 note = "put `#[idempotent]` on each implementor's method, with a consumer of its own; \
-                        the methods can share their body through a helper"
+                        the methods can share their body through a helper",
+                note = "a method of an unsized type (in `impl dyn Trait`, or of a struct ending in a \
+                        slice) is told from a trait's by its visibility, which a trait's method cannot \
+                        have: write `pub(self)` for a private one"
             )]
             trait __InboxNotInTraitDefault {}
+            #[diagnostic::do_not_recommend]
             impl<T> __InboxNotInTraitDefault for T {}
-            fn __inbox_not_in_trait_default<T: ?::core::marker::Sized + __InboxNotInTraitDefault>() {}
-            __inbox_not_in_trait_default::<Self>();
+            struct __InboxNotInTraitDefaultCheck<T: ?::core::marker::Sized + __InboxNotInTraitDefault>(
+                ::core::marker::PhantomData<T>,
+            );
+            let _: __InboxNotInTraitDefaultCheck<Self>;
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Batch handlers, on every backend: `#[idempotent(batch = …)]` applies each message of
 //! a batch exactly once, whatever the batches overlap with.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -459,6 +460,113 @@ pub async fn batch_runs_inside_a_test_transaction<D: TestDb>(db: D) {
     );
 }
 
+/// A message that is `Send` but not `Sync`, as one holding a `Cell` is.
+pub struct UnsyncCredit {
+    credit: Credit,
+    applied: Cell<bool>,
+}
+
+impl UnsyncCredit {
+    fn numbered(n: i64) -> Self {
+        Self {
+            credit: Credit::numbered(n),
+            applied: Cell::new(false),
+        }
+    }
+}
+
+/// Takes its batch by value: the body owns the new messages, so that its future is
+/// `Send` although they are not `Sync`, as a plain `async fn`'s would be. Returns the
+/// ids it applied.
+#[idempotent(
+    consumer = "owned_batch_credit",
+    batch = credits,
+    key = |unsync| unsync.credit.message_id.as_str()
+)]
+pub async fn owned_batch_credit<C>(
+    conn: &mut C,
+    credits: Vec<UnsyncCredit>,
+) -> Result<Vec<String>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let mut applied = Vec::new();
+    for unsync in credits {
+        apply(conn, &unsync.credit).await?;
+        unsync.applied.set(true);
+        if unsync.applied.get() {
+            applied.push(unsync.credit.message_id);
+        }
+    }
+    Ok(applied)
+}
+
+/// A batch of messages that are not `Sync`, taken by value, in a spawned task: the body
+/// gets the new messages themselves, each once.
+pub async fn owned_unsync_batch_runs_in_a_spawned_task<D: TestDb>(db: D) {
+    create_tables(&db, 3).await;
+    let spawned = |batch: Vec<UnsyncCredit>| {
+        let db = db.clone();
+        tokio::spawn(async move {
+            let mut conn = db.connect().await;
+            owned_batch_credit(&mut conn, batch).await
+        })
+    };
+    use Outcome::{Duplicate as D, Processed as P};
+    let batch = [0, 1, 0].map(UnsyncCredit::numbered);
+    let first = spawned(batch.into()).await.unwrap().unwrap();
+    assert_eq!(first.outcomes(), [P(()), P(()), D]);
+    assert_eq!(
+        first.value(),
+        Some(&vec!["msg-0".to_owned(), "msg-1".to_owned()])
+    );
+    let batch = [1, 2].map(UnsyncCredit::numbered);
+    let second = spawned(batch.into()).await.unwrap().unwrap();
+    assert_eq!(second.outcomes(), [D, P(())]);
+    assert_eq!(second.value(), Some(&vec!["msg-2".to_owned()]));
+    assert_eq!(balances(&db, 3).await, vec![1, 1, 1]);
+}
+
+/// Returns borrows of its messages, as a plain `async fn` taking `&'a [Credit]` may.
+#[idempotent(consumer = "lending_batch_credit", batch = credits, key = |credit| credit.message_id.as_str())]
+pub async fn lending_batch_credit<'a, C>(
+    conn: &mut C,
+    credits: &'a [Credit],
+) -> Result<Vec<&'a str>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let mut applied = Vec::new();
+    for credit in credits {
+        apply(conn, credit).await?;
+        applied.push(credit.message_id.as_str());
+    }
+    Ok(applied)
+}
+
+/// A batch body's value borrows from the batch's messages: the new ones', each once.
+pub async fn lending_batch_returns_borrows_of_its_messages<D: TestDb>(db: D) {
+    create_tables(&db, 3).await;
+    let mut conn = db.connect().await;
+    let batch = [0, 1, 0].map(Credit::numbered);
+    let first = lending_batch_credit(&mut conn, &batch).await.unwrap();
+    use Outcome::{Duplicate as D, Processed as P};
+    assert_eq!(first.outcomes(), [P(()), P(()), D]);
+    let applied = first.into_value().unwrap();
+    assert_eq!(applied, ["msg-0", "msg-1"]);
+    assert!(
+        std::ptr::eq(applied[1], batch[1].message_id.as_str()),
+        "the value borrows from the batch itself"
+    );
+    let batch = [1, 2].map(Credit::numbered);
+    let second = lending_batch_credit(&mut conn, &batch).await.unwrap();
+    assert_eq!(second.outcomes(), [D, P(())]);
+    assert_eq!(second.into_value().unwrap(), ["msg-2"]);
+    assert_eq!(balances(&db, 3).await, vec![1, 1, 1]);
+}
+
 /// Every batch scenario, as one `#[tokio::test]` each, and the rolled-back-underneath
 /// one with the statement the backend's body swallows.
 macro_rules! batch_scenarios {
@@ -475,6 +583,8 @@ macro_rules! batch_scenarios {
             empty_batch_is_a_no_op,
             invalid_key_rejects_the_whole_batch,
             batch_runs_inside_a_test_transaction,
+            owned_unsync_batch_runs_in_a_spawned_task,
+            lending_batch_returns_borrows_of_its_messages,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
