@@ -109,8 +109,8 @@ pub trait OutboxStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 
-    /// Marks message `id` sent, whoever holds it: it has been published.
-    fn mark_sent<C>(conn: &mut C, id: i64) -> impl Future<Output = QueryResult<()>> + Send
+    /// Marks messages `ids` sent, whoever holds them: they have been published.
+    fn mark_sent<C>(conn: &mut C, ids: Vec<i64>) -> impl Future<Output = QueryResult<()>> + Send
     where
         C: AsyncConnection<Backend = Self>;
 

@@ -56,7 +56,7 @@ pub use pruning::prune_sent;
 pub use publisher::{PublishError, Publisher};
 #[cfg(feature = "relay")]
 pub use relay::{Relay, RelaySettings};
-pub use relaying::{Outgoing, Taken, discard, parked, requeue, take};
+pub use relaying::{Outgoing, Taken, discard, parked, requeue, sent_all, take};
 
 /// Creates the outbox's tables where they are missing: `inbox_outbox`, and
 /// `inbox_outbox_keys` for the ordering keys. Idempotent, and safe to call from several

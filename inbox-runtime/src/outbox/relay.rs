@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::pruning::{BATCH, prune_sent_batch};
-use super::{PublishError, Publisher, Taken, take};
+use super::{PublishError, Publisher, Taken, sent_all, take};
 use crate::backend::InboxBackend;
 use crate::background::{ConnectionSource, shutting_down};
 
@@ -126,8 +126,8 @@ impl Default for RelaySettings {
 /// until shut down.
 ///
 /// Each round it [takes](super::take) up to a batch of due messages, publishes them
-/// at once (at most one of each ordering key), and marks each
-/// [sent](super::Taken::sent) once the broker confirmed it. A failure that may pass is
+/// at once (at most one of each ordering key), and marks those the broker confirmed
+/// [sent](super::sent_all), in one statement. A failure that may pass is
 /// retried with backoff; an [unpublishable](PublishError::unpublishable) message is
 /// [parked](super::Taken::park). A database error drops the connection and the round:
 /// what the round took is taken again once its lease ends, and a message published
@@ -277,47 +277,47 @@ where
         }
     }))
     .await;
+    let mut sent = Vec::with_capacity(count);
     for (taken, published) in taken.into_iter().zip(published) {
-        settle(conn, taken, published, settings).await?;
+        match published {
+            Ok(()) => sent.push(taken),
+            Err(error) => settle_failure(conn, taken, error, settings).await?,
+        }
     }
+    sent_all(conn, sent).await?;
     Ok(count)
 }
 
-async fn settle<C>(
+async fn settle_failure<C>(
     conn: &mut C,
     taken: Taken,
-    published: Result<(), PublishError>,
+    error: PublishError,
     settings: &RelaySettings,
 ) -> diesel::QueryResult<()>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    match published {
-        Ok(()) => taken.sent(conn).await,
-        Err(error) if error.is_unpublishable() => {
-            tracing::error!(
-                target: "diesel_inbox",
-                { outbox.message_id = taken.message().message_id(), error = %error },
-                "parked an outbox message that cannot be published"
-            );
-            taken.park(conn, &error).await.map(drop)
-        }
-        Err(error) => {
-            let delay = settings.retry_delay(taken.message().attempts(), &error);
-            tracing::warn!(
-                target: "diesel_inbox",
-                {
-                    outbox.message_id = taken.message().message_id(),
-                    outbox.attempts = taken.message().attempts(),
-                    outbox.retry_in_ms = delay.as_secs_f64() * 1e3,
-                    error = %error,
-                },
-                "an outbox message's publish failed; retrying later"
-            );
-            taken.retry_later(conn, delay, &error).await.map(drop)
-        }
+    if error.is_unpublishable() {
+        tracing::error!(
+            target: "diesel_inbox",
+            { outbox.message_id = taken.message().message_id(), error = %error },
+            "parked an outbox message that cannot be published"
+        );
+        return taken.park(conn, &error).await.map(drop);
     }
+    let delay = settings.retry_delay(taken.message().attempts(), &error);
+    tracing::warn!(
+        target: "diesel_inbox",
+        {
+            outbox.message_id = taken.message().message_id(),
+            outbox.attempts = taken.message().attempts(),
+            outbox.retry_in_ms = delay.as_secs_f64() * 1e3,
+            error = %error,
+        },
+        "an outbox message's publish failed; retrying later"
+    );
+    taken.retry_later(conn, delay, &error).await.map(drop)
 }
 
 /// `every`, moved by up to a tenth either way, so that relays started together do not

@@ -121,7 +121,7 @@ impl Taken {
         C: AsyncConnection,
         C::Backend: InboxBackend,
     {
-        C::Backend::mark_sent(conn, self.message.id).await
+        C::Backend::mark_sent(conn, vec![self.message.id]).await
     }
 
     /// Makes it due again after `delay`, recording `error`: for a publish that may
@@ -152,6 +152,20 @@ impl Taken {
         let reason = reason.to_string();
         C::Backend::park(conn, self.message.id, self.token, reason).await
     }
+}
+
+/// Marks every message of `taken` sent, in one statement: call this once the broker has
+/// confirmed each of them. As [`Taken::sent`], for many.
+pub async fn sent_all<C>(conn: &mut C, taken: Vec<Taken>) -> QueryResult<()>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let ids = taken.iter().map(|taken| taken.message.id).collect();
+    C::Backend::mark_sent(conn, ids).await
 }
 
 /// Takes up to `limit` due messages, oldest first, leased to this call for `lease`:

@@ -137,16 +137,16 @@ impl OutboxStatements for Pg {
         .await
     }
 
-    async fn mark_sent<C>(conn: &mut C, id: i64) -> QueryResult<()>
+    async fn mark_sent<C>(conn: &mut C, ids: Vec<i64>) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self>,
     {
         Prepared(
             diesel::sql_query(
                 "UPDATE inbox_outbox SET sent_at = now(), relay_token = NULL \
-                 WHERE id = $1 AND sent_at IS NULL",
+                 WHERE id = ANY($1) AND sent_at IS NULL",
             )
-            .bind::<BigInt, _>(id),
+            .bind::<diesel::sql_types::Array<BigInt>, _>(ids),
         )
         .execute(conn)
         .await

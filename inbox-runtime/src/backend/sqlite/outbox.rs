@@ -20,6 +20,13 @@ macro_rules! now {
     };
 }
 
+/// Whether any message is due, as an idle relay's poll reads it.
+#[derive(diesel::QueryableByName)]
+struct AnyDue {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    due: bool,
+}
+
 /// The `strftime` modifier that moves a time `micros` back.
 fn ago(micros: i64) -> String {
     format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
@@ -89,6 +96,18 @@ impl OutboxStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
+        // An UPDATE takes the database's one write lock even when it matches nothing:
+        // an idle relay's polls only read, and never hold up a handler's commit.
+        let AnyDue { due } = Prepared(diesel::sql_query(concat!(
+            "SELECT EXISTS (SELECT 1 FROM inbox_outbox o WHERE ",
+            due!(now!()),
+            ") AS due"
+        )))
+        .get_result(conn)
+        .await?;
+        if !due {
+            return Ok(Vec::new());
+        }
         let sql = format!(
             "UPDATE inbox_outbox SET relay_token = ?, due_at = strftime('%Y-%m-%d %H:%M:%f', \
              'now', ?), attempts = attempts + 1 WHERE id IN (SELECT o.id FROM inbox_outbox o \
@@ -108,18 +127,21 @@ impl OutboxStatements for Sqlite {
         Ok(taken)
     }
 
-    async fn mark_sent<C>(conn: &mut C, id: i64) -> QueryResult<()>
+    async fn mark_sent<C>(conn: &mut C, ids: Vec<i64>) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        Prepared(
-            diesel::sql_query(concat!(
-                "UPDATE inbox_outbox SET sent_at = ",
-                now!(),
-                ", relay_token = NULL WHERE id = ? AND sent_at IS NULL"
-            ))
-            .bind::<BigInt, _>(id),
-        )
+        // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
+        let ids = ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        diesel::sql_query(format!(
+            "UPDATE inbox_outbox SET sent_at = {now}, relay_token = NULL \
+             WHERE id IN ({ids}) AND sent_at IS NULL",
+            now = now!(),
+        ))
         .execute(conn)
         .await
         .map(drop)

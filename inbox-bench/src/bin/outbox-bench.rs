@@ -1,0 +1,541 @@
+//! What the outbox costs and how fast it delivers, on PostgreSQL: the credit handler
+//! with and without one `outbox::enqueue` (the cost of the outbox row), then per broker
+//! the relay's throughput draining a filled outbox, and the latency from a credit's
+//! commit to the event's arrival at a consumer (which follows the broker's ack), for
+//! the relay's poll intervals. Prints a Markdown report.
+//!
+//! ```sh
+//! cargo run --release -p inbox-bench --bin outbox-bench -- --seconds 8 --rounds 3
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_inbox::outbox::{self, OutboxMessage, Publisher, Relay, RelaySettings};
+use diesel_inbox::testing::{TestDatabase, select_i64};
+use diesel_inbox::{InboxBackend, idempotent};
+use futures_util::StreamExt as _;
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds each handler round runs.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Interleaved rounds of the two handlers.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Consumers running the handlers at once.
+    #[arg(long, default_value_t = 8)]
+    consumers: usize,
+    /// Messages the relay drains in the throughput rows.
+    #[arg(long, default_value_t = 10_000)]
+    drain: usize,
+    /// Events per second enqueued in the latency rows.
+    #[arg(long, default_value_t = 100)]
+    rate: u64,
+    /// Seconds each latency row enqueues for.
+    #[arg(long, default_value_t = 10)]
+    latency_seconds: u64,
+}
+
+const ACCOUNTS: i64 = 1_000;
+
+#[idempotent(consumer = "bench-credit", key = key)]
+async fn credit<C>(conn: &mut C, key: &str, account: i64) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    conn.batch_execute(&format!(
+        "UPDATE bench_accounts SET balance = balance + 1 WHERE id = {account}"
+    ))
+    .await
+}
+
+#[idempotent(consumer = "bench-credit-announced", key = key)]
+async fn credit_and_announce<C>(
+    conn: &mut C,
+    key: &str,
+    account: i64,
+    event: OutboxMessage,
+) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    conn.batch_execute(&format!(
+        "UPDATE bench_accounts SET balance = balance + 1 WHERE id = {account}"
+    ))
+    .await?;
+    outbox::enqueue(conn, event).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let pg = std::env::var("POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let amqp = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".to_owned());
+    let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_owned());
+    let db = TestDatabase::<AsyncPgConnection>::postgres(&pg, "outbox_bench").await?;
+    let mut conn = db.connect().await?;
+    outbox::migrate(&mut conn).await?;
+    conn.batch_execute(&format!(
+        "CREATE TABLE bench_accounts (id bigint PRIMARY KEY, balance bigint NOT NULL); \
+         INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, {ACCOUNTS}) g"
+    ))
+    .await?;
+
+    println!("## The outbox on PostgreSQL\n");
+    handler_cost(&db, &args).await?;
+
+    let queue = format!("outbox-bench-{}", std::process::id());
+    let rabbit = rabbitmq::Target::declare(&amqp, &queue).await?;
+    let jetstream = nats::Target::create(&nats, &queue.replace('-', "_")).await?;
+
+    println!(
+        "\n### The relay's throughput, draining {} messages\n",
+        args.drain
+    );
+    println!("| broker | relays | messages per second |\n|---|---|---|");
+    for relays in [1, 2] {
+        let publisher = || diesel_inbox_lapin::OutboxPublisher::new(amqp.clone());
+        let rate = drain(
+            &db,
+            &args,
+            relays,
+            publisher,
+            || rabbit.message(),
+            || rabbit.count(),
+        )
+        .await?;
+        println!("| RabbitMQ | {relays} | {rate:.0} |");
+        rabbit.purge().await?;
+        let publisher = || diesel_inbox_nats::OutboxPublisher::new(jetstream.context.clone());
+        let rate = drain(
+            &db,
+            &args,
+            relays,
+            publisher,
+            || jetstream.message(),
+            || jetstream.count(),
+        )
+        .await?;
+        println!("| NATS JetStream | {relays} | {rate:.0} |");
+        jetstream.purge().await?;
+    }
+
+    println!(
+        "\n### Latency from commit to arrival, {} events a second for {} s\n",
+        args.rate, args.latency_seconds
+    );
+    println!("| broker | poll interval | p50 | p99 | max |\n|---|---|---|---|---|");
+    for poll in [100, 20, 5] {
+        let poll = Duration::from_millis(poll);
+        let publisher = diesel_inbox_lapin::OutboxPublisher::new(amqp.clone());
+        let arrivals = rabbit.arrivals().await?;
+        let row = latency(&db, &args, poll, publisher, || rabbit.message(), arrivals).await?;
+        println!("| RabbitMQ | {poll:?} | {row} |");
+        let publisher = diesel_inbox_nats::OutboxPublisher::new(jetstream.context.clone());
+        let arrivals = jetstream.arrivals().await?;
+        let row = latency(
+            &db,
+            &args,
+            poll,
+            publisher,
+            || jetstream.message(),
+            arrivals,
+        )
+        .await?;
+        println!("| NATS JetStream | {poll:?} | {row} |");
+    }
+
+    rabbit.delete().await?;
+    jetstream.delete().await?;
+    drop(conn);
+    db.cleanup().await?;
+    Ok(())
+}
+
+/// The credit handler with and without one enqueued event, in interleaved rounds.
+async fn handler_cost(db: &TestDatabase<AsyncPgConnection>, args: &Args) -> anyhow::Result<()> {
+    println!(
+        "### The cost of the outbox row: {} consumers, {} rounds of {} s\n",
+        args.consumers, args.rounds, args.seconds
+    );
+    println!("| round | credit | credit + enqueue | ratio |\n|---|---|---|---|");
+    let mut ratios = Vec::new();
+    for round in 1..=args.rounds {
+        let plain = run_consumers(db, args, false).await?;
+        let announced = run_consumers(db, args, true).await?;
+        let mut conn = db.connect().await?;
+        conn.batch_execute("DELETE FROM inbox_outbox").await?;
+        ratios.push(announced / plain);
+        println!(
+            "| {round} | {plain:.0} | {announced:.0} | {:.2} |",
+            announced / plain
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("\nMedian ratio: {:.2}", ratios[ratios.len() / 2]);
+    Ok(())
+}
+
+/// Messages per second that `args.consumers` consumers handle in `args.seconds`.
+async fn run_consumers(
+    db: &TestDatabase<AsyncPgConnection>,
+    args: &Args,
+    announce: bool,
+) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let mut consumers = Vec::new();
+    for consumer in 0..args.consumers {
+        let db = db.clone();
+        consumers.push(tokio::spawn(async move {
+            let mut conn = db.connect().await?;
+            let mut handled = 0_u64;
+            while Instant::now() < deadline {
+                let key = uuid::Uuid::new_v4().to_string();
+                let account = (handled as i64 * 7 + consumer as i64) % ACCOUNTS + 1;
+                if announce {
+                    let event = OutboxMessage::new("accounts", key.clone().into_bytes())
+                        .routing_key("credited");
+                    let _processed = credit_and_announce(&mut conn, &key, account, event).await?;
+                } else {
+                    let _processed = credit(&mut conn, &key, account).await?;
+                }
+                handled += 1;
+            }
+            anyhow::Ok(handled)
+        }));
+    }
+    let mut handled = 0;
+    for consumer in consumers {
+        handled += consumer.await??;
+    }
+    Ok(handled as f64 / args.seconds as f64)
+}
+
+/// Fills the outbox with `args.drain` messages, then times `relays` relays draining it.
+async fn drain<P, M, N, F>(
+    db: &TestDatabase<AsyncPgConnection>,
+    args: &Args,
+    relays: usize,
+    publisher: impl Fn() -> P,
+    message: M,
+    count: N,
+) -> anyhow::Result<f64>
+where
+    P: Publisher,
+    M: Fn() -> OutboxMessage,
+    N: Fn() -> F,
+    F: Future<Output = anyhow::Result<u64>>,
+{
+    let mut conn = db.connect().await?;
+    conn.batch_execute("DELETE FROM inbox_outbox").await?;
+    conn.batch_execute("BEGIN").await?;
+    for _ in 0..args.drain {
+        outbox::enqueue(&mut conn, message()).await?;
+    }
+    conn.batch_execute("COMMIT").await?;
+    let started = Instant::now();
+    let running: Vec<Relay> = (0..relays)
+        .map(|_| Relay::spawn(connector(db), publisher(), fast(Duration::from_millis(5))))
+        .collect();
+    while select_i64(
+        &mut conn,
+        "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL",
+    )
+    .await?
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    for relay in running {
+        relay.shut_down().await;
+    }
+    let stored = count().await?;
+    anyhow::ensure!(
+        stored >= args.drain as u64,
+        "{stored} of {} stored",
+        args.drain
+    );
+    Ok(args.drain as f64 / elapsed.as_secs_f64())
+}
+
+/// Enqueues `args.rate` events a second, each in its own committed transaction, and
+/// reports the delays from each commit to its event's arrival.
+async fn latency<P, M>(
+    db: &TestDatabase<AsyncPgConnection>,
+    args: &Args,
+    poll: Duration,
+    publisher: P,
+    message: M,
+    arrivals: Arrivals,
+) -> anyhow::Result<String>
+where
+    P: Publisher,
+    M: Fn() -> OutboxMessage,
+{
+    let relay = Relay::spawn(connector(db), publisher, fast(poll));
+    let mut conn = db.connect().await?;
+    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let total = args.rate * args.latency_seconds;
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / args.rate as u32);
+    for _ in 0..total {
+        ticks.tick().await;
+        conn.batch_execute("BEGIN").await?;
+        let id = outbox::enqueue(&mut conn, message()).await?;
+        conn.batch_execute("COMMIT").await?;
+        committed.lock().unwrap().insert(id, Instant::now());
+    }
+    let arrived = arrivals.collect(total as usize).await?;
+    relay.shut_down().await;
+    let committed = committed.lock().unwrap();
+    let mut delays: Vec<Duration> = arrived
+        .iter()
+        .filter_map(|(id, at)| {
+            committed
+                .get(id)
+                .map(|commit| at.saturating_duration_since(*commit))
+        })
+        .collect();
+    anyhow::ensure!(
+        delays.len() == total as usize,
+        "{} of {total} arrived",
+        delays.len()
+    );
+    delays.sort();
+    let at = |share: f64| delays[((delays.len() as f64 * share) as usize).min(delays.len() - 1)];
+    Ok(format!(
+        "{:.1} ms | {:.1} ms | {:.1} ms",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        delays[delays.len() - 1].as_secs_f64() * 1e3
+    ))
+}
+
+/// What a consumer task saw: each event's id and the instant it arrived.
+struct Arrivals(tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>);
+
+impl Arrivals {
+    async fn collect(mut self, expected: usize) -> anyhow::Result<Vec<(String, Instant)>> {
+        let mut arrived = Vec::with_capacity(expected);
+        while arrived.len() < expected {
+            let next = tokio::time::timeout(Duration::from_secs(30), self.0.recv())
+                .await
+                .context("events stopped arriving")?;
+            arrived.push(next.context("the consumer ended")?);
+        }
+        Ok(arrived)
+    }
+}
+
+type Connecting = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<AsyncPgConnection, diesel_inbox::testing::TestDatabaseError>>
+            + Send,
+    >,
+>;
+
+fn connector(db: &TestDatabase<AsyncPgConnection>) -> impl Fn() -> Connecting + Send + 'static {
+    let db = db.clone();
+    move || -> Connecting {
+        let db = db.clone();
+        Box::pin(async move { db.connect().await })
+    }
+}
+
+fn fast(poll: Duration) -> RelaySettings {
+    RelaySettings::new()
+        .with_poll_interval(poll)
+        .without_pruning()
+}
+
+mod rabbitmq {
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions,
+        QueuePurgeOptions,
+    };
+    use lapin::types::FieldTable;
+
+    use super::*;
+
+    pub(super) struct Target {
+        connection: lapin::Connection,
+        channel: lapin::Channel,
+        queue: String,
+    }
+
+    impl Target {
+        pub(super) async fn declare(url: &str, queue: &str) -> anyhow::Result<Self> {
+            let connection = diesel_inbox_lapin::connect(url).await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .queue_declare(queue, QueueDeclareOptions::default(), FieldTable::default())
+                .await?;
+            Ok(Self {
+                connection,
+                channel,
+                queue: queue.to_owned(),
+            })
+        }
+
+        pub(super) fn message(&self) -> OutboxMessage {
+            OutboxMessage::new("", vec![0; 100]).routing_key(self.queue.as_str())
+        }
+
+        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+            let declared = self
+                .channel
+                .queue_declare(
+                    &self.queue,
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok(u64::from(declared.message_count()))
+        }
+
+        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+            self.channel
+                .queue_purge(&self.queue, QueuePurgeOptions::default())
+                .await?;
+            Ok(())
+        }
+
+        /// A consumer of the queue on a channel of its own, which it closes once the
+        /// arrivals are dropped, handing back what it had not passed on.
+        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+            let channel = self.connection.create_channel().await?;
+            let mut consumer = channel
+                .basic_consume(
+                    &self.queue,
+                    "",
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            tokio::spawn(async move {
+                loop {
+                    let delivery = tokio::select! {
+                        () = sender.closed() => break,
+                        delivery = consumer.next() => match delivery {
+                            Some(delivery) => delivery?,
+                            None => break,
+                        },
+                    };
+                    let at = Instant::now();
+                    let id = diesel_inbox_lapin::message_key(&delivery)?.to_owned();
+                    if sender.send((id, at)).is_err() {
+                        break;
+                    }
+                    delivery.ack(BasicAckOptions::default()).await?;
+                }
+                channel.close(200, "measured").await?;
+                anyhow::Ok(())
+            });
+            Ok(Arrivals(receiver))
+        }
+
+        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+            self.channel
+                .queue_delete(&self.queue, QueueDeleteOptions::default())
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+mod nats {
+    use async_nats::jetstream::{self, consumer, stream};
+
+    use super::*;
+
+    pub(super) struct Target {
+        pub(super) context: jetstream::Context,
+        name: String,
+    }
+
+    impl Target {
+        pub(super) async fn create(url: &str, name: &str) -> anyhow::Result<Self> {
+            let client = async_nats::connect(url).await?;
+            let context = jetstream::new(client);
+            let _ = context.delete_stream(name).await;
+            context
+                .create_stream(stream::Config {
+                    name: name.to_owned(),
+                    subjects: vec![format!("{name}.>")],
+                    ..Default::default()
+                })
+                .await?;
+            Ok(Self {
+                context,
+                name: name.to_owned(),
+            })
+        }
+
+        pub(super) fn message(&self) -> OutboxMessage {
+            OutboxMessage::new(self.name.as_str(), vec![0; 100]).routing_key("credited")
+        }
+
+        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+            let mut stream = self.context.get_stream(&self.name).await?;
+            Ok(stream.info().await?.state.messages)
+        }
+
+        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+            self.context.get_stream(&self.name).await?.purge().await?;
+            Ok(())
+        }
+
+        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+            let stream = self.context.get_stream(&self.name).await?;
+            let consumer = stream
+                .create_consumer(consumer::push::OrderedConfig {
+                    deliver_subject: format!(
+                        "_deliver.{}.{}",
+                        self.name,
+                        uuid::Uuid::new_v4().simple()
+                    ),
+                    deliver_policy: consumer::DeliverPolicy::New,
+                    ..Default::default()
+                })
+                .await?;
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let mut messages = consumer.messages().await?;
+                while let Some(message) = messages.next().await {
+                    let message = message?;
+                    let at = Instant::now();
+                    let id = match diesel_inbox_nats::message_key(&message)? {
+                        diesel_inbox_nats::MessageKey::MsgId(id) => id.to_owned(),
+                        other => other.to_string(),
+                    };
+                    if sender.send((id, at)).is_err() {
+                        break;
+                    }
+                }
+                anyhow::Ok(())
+            });
+            Ok(Arrivals(receiver))
+        }
+
+        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+            self.context.delete_stream(&self.name).await?;
+            Ok(())
+        }
+    }
+}
