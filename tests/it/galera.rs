@@ -984,3 +984,95 @@ async fn a_stalled_claim_commit_never_overlaps_bodies() {
     .await;
     cluster.cleanup().await;
 }
+
+/// Three relays, one on each node, take from one outbox at once. `SKIP LOCKED` skips
+/// only the rows taken on the same node; two nodes taking the same message conflict at
+/// certification, and the loser's take fails, retryably, and is tried again. Every
+/// message goes to exactly one relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relays_on_every_node_take_each_outbox_message_once() {
+    use diesel_inbox::outbox::{self, OutboxMessage};
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("outbox_relays").await else {
+        return;
+    };
+    let mut conn = cluster.connect().await;
+    outbox::migrate(&mut conn)
+        .await
+        .expect("migrate the outbox");
+    let total = messages() * 4;
+    for n in 0..total {
+        let message = OutboxMessage::new("accounts", n.to_string().into_bytes())
+            .ordering_key(format!("key-{}", n % 5));
+        outbox::enqueue(&mut conn, message).await.expect("enqueue");
+    }
+    let published = bounded(async {
+        let mut relays = Vec::new();
+        for node in 0..3 {
+            let cluster = cluster.clone();
+            relays.push(tokio::spawn(async move {
+                let mut conn = cluster.node(node).await.expect("connect");
+                let (mut published, mut lost_certification, mut idle) = (Vec::new(), 0, 0);
+                while idle < 10 {
+                    let taken = match outbox::take(&mut conn, Duration::from_secs(30), 3).await {
+                        Ok(taken) => taken,
+                        Err(error) => {
+                            assert_ne!(classify(&error), ErrorClass::Permanent, "{error}");
+                            lost_certification += 1;
+                            continue;
+                        }
+                    };
+                    if taken.is_empty() {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    idle = 0;
+                    for taken in &taken {
+                        let n: i64 = String::from_utf8_lossy(taken.message().payload())
+                            .parse()
+                            .expect("a number");
+                        published.push(n);
+                    }
+                    let ids: Vec<i64> = taken.iter().map(|t| t.message().row_id()).collect();
+                    // A mark that fails leaves its messages taken until the lease ends,
+                    // after the test: a message taken twice shows as published twice.
+                    if let Err(error) = outbox::sent_all(&mut conn, taken).await {
+                        eprintln!("node {node}: marking {ids:?} sent failed: {error}");
+                    }
+                }
+                (published, lost_certification)
+            }));
+        }
+        let mut published = Vec::new();
+        for relay in relays {
+            let (taken, lost) = relay.await.expect("a relay");
+            eprintln!(
+                "a relay published {} and lost {lost} takes at certification",
+                taken.len()
+            );
+            published.extend(taken);
+        }
+        published
+    })
+    .await;
+    let mut published = published;
+    published.sort_unstable();
+    assert_eq!(
+        published,
+        (0..total).collect::<Vec<_>>(),
+        "every message once"
+    );
+    assert_eq!(
+        select_i64(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL"
+        )
+        .await
+        .expect("count"),
+        0
+    );
+    drop(conn);
+    cluster.cleanup().await;
+}

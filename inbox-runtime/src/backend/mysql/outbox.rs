@@ -275,17 +275,24 @@ where
         .map(|row| row.id.to_string())
         .collect::<Vec<_>>()
         .join(", ");
+    // Due again by the latest committed rows, which the update reads: on a Galera
+    // cluster another node's relay may have taken a row since the select read it, and
+    // its take reached this node without ending this one. Only what this update took
+    // is this relay's.
     diesel::sql_query(format!(
         "UPDATE inbox_outbox SET relay_token = ?, \
-         due_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 WHERE id IN ({ids})"
+         due_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
+         WHERE id IN ({ids}) AND sent_at IS NULL AND NOT parked AND due_at <= NOW(6)"
     ))
-    .bind::<Text, _>(token)
+    .bind::<Text, _>(token.clone())
     .bind::<BigInt, _>(lease_micros)
     .execute(conn)
     .await?;
     diesel::sql_query(format!(
-        "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox WHERE id IN ({ids}) ORDER BY id"
+        "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox WHERE id IN ({ids}) AND relay_token = ? \
+         ORDER BY id"
     ))
+    .bind::<Text, _>(token)
     .load(conn)
     .await
 }
