@@ -35,6 +35,7 @@ pub(crate) const NAIVE_CONSUMER: &str = "chaos-naive";
 /// handlers' attributes name them).
 pub(crate) const OUTBOX_CONSUMER: &str = "chaos-credit-outbox";
 pub(crate) const PUBLISHING_CONSUMER: &str = "chaos-credit-publish";
+pub(crate) const CREDIT_THEN_PUBLISH_CONSUMER: &str = "chaos-credit-then-publish";
 
 /// Service B's inbox consumer (as its handler's attribute names it).
 pub(crate) const RECORDING_CONSUMER: &str = "chaos-record-credited";
@@ -116,6 +117,20 @@ async fn credit_and_publish(
         .await?;
     let event_id = format!("credited-{}", msg.message_id);
     direct.publish(route, &event_id, &Credited::of(msg)).await?;
+    if events::declined(msg) {
+        return Err(Declined.into());
+    }
+    Ok(())
+}
+
+/// Service A, naively the other way: only the credit (declined likewise), whose event
+/// the consumer publishes once the handler has committed it.
+#[idempotent(consumer = "chaos-credit-then-publish", key = msg.message_id.as_str())]
+async fn credit_then_decline(conn: &mut AsyncPgConnection, msg: &Credit) -> Result<(), BoxError> {
+    tokio::time::sleep(HANDLER_WORK).await;
+    credit_account(msg.account, msg.amount)
+        .execute(conn)
+        .await?;
     if events::declined(msg) {
         return Err(Declined.into());
     }
@@ -235,7 +250,9 @@ pub(crate) async fn handle(
         Handler::Inbox => settle(&credit(&mut conn, &msg).await),
         Handler::Naive => settle(&naive_credit(&mut conn, &msg).await),
         Handler::Claim => settle(&credit_downstream(&mut conn, &context.downstream, &msg).await),
-        Handler::Outbox | Handler::OutboxNaive => announce(context, &mut conn, &msg).await,
+        Handler::Outbox | Handler::OutboxNaive | Handler::OutboxAfterCommit => {
+            announce(context, &mut conn, &msg).await
+        }
     }
 }
 
@@ -256,6 +273,25 @@ async fn announce(
                 direct: Some(direct),
             }),
         ) => credit_and_publish(conn, route, direct, msg).await,
+        (
+            Handler::OutboxAfterCommit,
+            Some(Announcing {
+                route,
+                direct: Some(direct),
+            }),
+        ) => match credit_then_decline(conn, msg).await {
+            // Only the delivery that committed the credit announces it: a consumer
+            // killed before this publish leaves a redelivery that finds a duplicate.
+            Ok(Outcome::Processed(())) => {
+                // Work between the commit and the publish (building the event, a
+                // lookup), as HANDLER_WORK before the credit: what a kill lands in.
+                tokio::time::sleep(HANDLER_WORK).await;
+                let event_id = format!("credited-{}", msg.message_id);
+                let published = direct.publish(route, &event_id, &Credited::of(msg)).await;
+                published.map(|()| Outcome::Processed(()))
+            }
+            result => result,
+        },
         _ => {
             let reason = "service A started without its events' route".to_owned();
             return (Disposition::DeadLetter { reason }, "dead-lettered");

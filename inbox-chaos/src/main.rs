@@ -22,7 +22,8 @@
 //! tenth credit after that, which rolls both back), relays publish the outbox to a
 //! second queue or stream, and service B records each event with `#[idempotent]`. A's,
 //! the relays' and B's processes are all killed. `--handler outbox-naive` publishes the
-//! event from A's body instead, which the same checks catch.
+//! event from A's body instead, and `--handler outbox-after-commit` once A's handler
+//! has committed: the same checks catch both.
 //!
 //! The same binary is the consumer (`inbox-chaos consume …`) and the relay
 //! (`inbox-chaos relay …`), started by the run.
@@ -81,12 +82,23 @@ enum Handler {
     Outbox,
     /// The chain with A publishing "credited" from its body: what the outbox replaces.
     OutboxNaive,
+    /// The chain with A publishing "credited" once its handler has committed: what the
+    /// outbox replaces, the other way.
+    OutboxAfterCommit,
 }
 
 impl Handler {
     /// Whether the run is the outbox chain, with relays and service B.
     fn is_chain(self) -> bool {
-        matches!(self, Self::Outbox | Self::OutboxNaive)
+        matches!(
+            self,
+            Self::Outbox | Self::OutboxNaive | Self::OutboxAfterCommit
+        )
+    }
+
+    /// Whether service A publishes its events itself, instead of through the outbox.
+    fn publishes_directly(self) -> bool {
+        matches!(self, Self::OutboxNaive | Self::OutboxAfterCommit)
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::events::{Direct, Route};
 use crate::handlers::{self, Announcing};
-use crate::{BoxError, ConsumeArgs, Handler, Stage};
+use crate::{BoxError, ConsumeArgs, Stage};
 
 /// How long a killed consumer's messages wait before JetStream delivers them again.
 const ACK_WAIT: Duration = Duration::from_secs(2);
@@ -146,7 +146,9 @@ pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
                 destination: subject(events),
                 routing_key: String::new(),
             },
-            direct: (args.handler == Handler::OutboxNaive)
+            direct: args
+                .handler
+                .publishes_directly()
                 .then(|| Direct::Nats(jetstream::new(client.clone()))),
         }),
         _ => None,

@@ -13,7 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::events::{Direct, Route};
 use crate::handlers::{self, Announcing};
-use crate::{BoxError, ConsumeArgs, Handler, Stage};
+use crate::{BoxError, ConsumeArgs, Stage};
 
 async fn connect(url: &str) -> Result<(Connection, Channel), BoxError> {
     let connection = diesel_inbox_lapin::connect(url).await?;
@@ -159,7 +159,7 @@ async fn announcing(
         destination: String::new(),
         routing_key: Queues::new(events).work().to_owned(),
     };
-    let direct = if args.handler == Handler::OutboxNaive {
+    let direct = if args.handler.publishes_directly() {
         let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())

@@ -507,7 +507,9 @@ async fn progress(
         Handler::Claim => {
             "SELECT COUNT(DISTINCT message_id) FROM inbox WHERE lease_ends_at IS NULL".to_owned()
         }
-        Handler::Outbox | Handler::OutboxNaive => chain::applied_sql(args.handler()),
+        Handler::Outbox | Handler::OutboxNaive | Handler::OutboxAfterCommit => {
+            chain::applied_sql(args.handler())
+        }
     };
     let applied = select_i64(conn, &applied).await?;
     let expected = if args.handler().is_chain() {
@@ -518,7 +520,7 @@ async fn progress(
     if applied < expected as i64 {
         return Ok((applied, false));
     }
-    if args.handler().is_chain() && !chain::relayed(args.handler(), conn, unique).await? {
+    if args.handler().is_chain() && !chain::relayed(args.handler(), conn).await? {
         return Ok((applied, false));
     }
     for group in groups {
@@ -654,7 +656,7 @@ async fn verify(
     match args.handler() {
         Handler::Inbox => check_markers(conn, unique_count, &mut failures).await?,
         // `chain::verify` checks service A's markers, beside service B's.
-        Handler::Outbox | Handler::OutboxNaive => {}
+        Handler::Outbox | Handler::OutboxNaive | Handler::OutboxAfterCommit => {}
         Handler::Claim => {
             check_markers(conn, unique_count, &mut failures).await?;
             check_effects(conn, unique, downstream, &mut failures).await?;
