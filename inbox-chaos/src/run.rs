@@ -176,7 +176,7 @@ struct Processes<'a> {
     /// How many run at once.
     size: usize,
     args: &'a RunArgs,
-    /// The queue or stream the consumers take (not the relays').
+    /// The queue or stream the consumers take, or the relays publish to.
     queue: &'a Topology,
     name: &'a str,
     /// The chain's events, which service A sends to.
