@@ -8,6 +8,8 @@
 //! cargo run --release -p inbox-chaos -- --broker nats
 //! cargo run --release -p inbox-chaos -- --broker rabbitmq --naive   # must report double-applied messages
 //! cargo run --release -p inbox-chaos -- --broker nats --handler claim
+//! cargo run --release -p inbox-chaos -- --broker rabbitmq --handler outbox
+//! cargo run --release -p inbox-chaos -- --broker nats --handler outbox-naive   # must fail
 //! ```
 //!
 //! `--handler claim` runs a claim-mode handler whose body calls an HTTP service in the
@@ -15,11 +17,23 @@
 //! effects: the run verifies one effect per message and reports the calls the
 //! deduplication absorbed.
 //!
-//! The same binary is the consumer (`inbox-chaos consume …`, started by the run).
+//! `--handler outbox` runs the chain of issue #34: service A consumes the credits,
+//! credits and enqueues a "credited" event in the same transaction (declining every
+//! tenth credit after that, which rolls both back), relays publish the outbox to a
+//! second queue or stream, and service B records each event with `#[idempotent]`. A's,
+//! the relays' and B's processes are all killed. `--handler outbox-naive` publishes the
+//! event from A's body instead, and `--handler outbox-after-commit` once A's handler
+//! has committed: the same checks catch both.
+//!
+//! The same binary is the consumer (`inbox-chaos consume …`) and the relay
+//! (`inbox-chaos relay …`), started by the run.
 
+mod chain;
+mod events;
 mod handlers;
 mod nats;
 mod rabbitmq;
+mod relay;
 mod run;
 
 use std::time::Duration;
@@ -42,6 +56,9 @@ enum Command {
     /// One consumer process (started by the run).
     #[command(hide = true)]
     Consume(ConsumeArgs),
+    /// One outbox relay process (started by the run, for the outbox chain).
+    #[command(hide = true)]
+    Relay(RelayArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -60,6 +77,38 @@ enum Handler {
     /// `#[idempotent(…, claim)]`: the credit is a call to an HTTP service that
     /// deduplicates by the claim's idempotency key.
     Claim,
+    /// The outbox chain: service A credits and enqueues "credited" in one transaction,
+    /// relays publish it, service B records it with `#[idempotent]`.
+    Outbox,
+    /// The chain with A publishing "credited" from its body: what the outbox replaces.
+    OutboxNaive,
+    /// The chain with A publishing "credited" once its handler has committed: what the
+    /// outbox replaces, the other way.
+    OutboxAfterCommit,
+}
+
+impl Handler {
+    /// Whether the run is the outbox chain, with relays and service B.
+    fn is_chain(self) -> bool {
+        matches!(
+            self,
+            Self::Outbox | Self::OutboxNaive | Self::OutboxAfterCommit
+        )
+    }
+
+    /// Whether service A publishes its events itself, instead of through the outbox.
+    fn publishes_directly(self) -> bool {
+        matches!(self, Self::OutboxNaive | Self::OutboxAfterCommit)
+    }
+}
+
+/// Which service of the run a consumer process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Stage {
+    /// The credits' consumer (service A of the chain), running `--handler`.
+    Credit,
+    /// Service B of the outbox chain: records the "credited" events.
+    Record,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -97,6 +146,9 @@ struct RunArgs {
     /// Handlers each consumer runs at once (and its prefetch).
     #[arg(long, default_value_t = 8)]
     concurrency: u16,
+    /// Relay processes of the outbox chain (and consumers of its events: `--consumers`).
+    #[arg(long, default_value_t = 2)]
+    relays: usize,
     /// Mean time between two kills, in milliseconds (each one 0.5 to 1.5 times it).
     #[arg(long, default_value_t = 1000)]
     kill_every_ms: u64,
@@ -118,9 +170,14 @@ struct ConsumeArgs {
     broker: Broker,
     #[arg(long, value_enum)]
     handler: Handler,
-    /// The queue or stream of this run.
+    #[arg(long, value_enum, default_value = "credit")]
+    stage: Stage,
+    /// The queue or stream this consumer takes.
     #[arg(long)]
     name: String,
+    /// The queue or stream of the chain's events, which service A sends to.
+    #[arg(long)]
+    events: Option<String>,
     #[arg(long)]
     concurrency: u16,
     /// The run's schema.
@@ -129,6 +186,17 @@ struct ConsumeArgs {
     /// The run's downstream HTTP service, which the claim handler calls.
     #[arg(long)]
     downstream_url: String,
+    #[command(flatten)]
+    endpoints: Endpoints,
+}
+
+#[derive(Debug, Clone, Args)]
+struct RelayArgs {
+    #[arg(long, value_enum)]
+    broker: Broker,
+    /// The run's schema, whose outbox the relay publishes.
+    #[arg(long)]
+    schema_url: String,
     #[command(flatten)]
     endpoints: Endpoints,
 }
@@ -155,6 +223,7 @@ async fn main() -> std::process::ExitCode {
             Broker::Rabbitmq => rabbitmq::consume(args).await,
             Broker::Nats => nats::consume(args).await,
         },
+        Some(Command::Relay(args)) => relay::relay(args).await,
         None => run::run(cli.run).await,
     };
     match result {

@@ -11,8 +11,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use inbox_fixtures::credit::Credit;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::handlers;
-use crate::{BoxError, ConsumeArgs};
+use crate::events::{Direct, Route};
+use crate::handlers::{self, Announcing};
+use crate::{BoxError, ConsumeArgs, Stage};
 
 /// How long a killed consumer's messages wait before JetStream delivers them again.
 const ACK_WAIT: Duration = Duration::from_secs(2);
@@ -20,8 +21,9 @@ const CONSUMER: &str = "credit";
 /// The shortest duplicate window JetStream accepts.
 const DUPLICATE_WINDOW: Duration = Duration::from_millis(100);
 
+/// The subject of the run's stream `name`: the credits', or the chain's events'.
 fn subject(name: &str) -> String {
-    format!("{name}.credits")
+    format!("{name}.messages")
 }
 
 fn dead_letter_subject(name: &str) -> String {
@@ -135,8 +137,23 @@ impl Topology {
 
 /// One consumer process: pulls until SIGTERM, then lets its handlers finish.
 pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
-    let context = handlers::Context::new(&args)?;
     let client = async_nats::connect(&args.endpoints.nats_url).await?;
+    // Service A's events go to the events stream's subject; the naive variant publishes
+    // them itself.
+    let announcing = match (&args.events, args.stage) {
+        (Some(events), Stage::Credit) => Some(Announcing {
+            route: Route {
+                destination: subject(events),
+                routing_key: String::new(),
+            },
+            direct: args
+                .handler
+                .publishes_directly()
+                .then(|| Direct::Nats(jetstream::new(client.clone()))),
+        }),
+        _ => None,
+    };
+    let context = handlers::Context::new(&args, announcing)?;
     let consumer: PullConsumer = jetstream::new(client.clone())
         .get_stream(&args.name)
         .await?

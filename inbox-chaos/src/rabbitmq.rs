@@ -11,8 +11,9 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::handlers;
-use crate::{BoxError, ConsumeArgs};
+use crate::events::{Direct, Route};
+use crate::handlers::{self, Announcing};
+use crate::{BoxError, ConsumeArgs, Stage};
 
 async fn connect(url: &str) -> Result<(Connection, Channel), BoxError> {
     let connection = diesel_inbox_lapin::connect(url).await?;
@@ -105,8 +106,12 @@ impl Topology {
 
 /// One consumer process: consumes until SIGTERM, then lets its handlers finish.
 pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
-    let context = handlers::Context::new(&args)?;
     let (connection, channel) = connect(&args.endpoints.amqp_url).await?;
+    let announcing = match (&args.events, args.stage) {
+        (Some(events), Stage::Credit) => Some(announcing(&connection, &args, events).await?),
+        _ => None,
+    };
+    let context = handlers::Context::new(&args, announcing)?;
     channel
         .basic_qos(args.concurrency, BasicQosOptions::default())
         .await?;
@@ -141,4 +146,27 @@ pub(crate) async fn consume(args: ConsumeArgs) -> Result<(), BoxError> {
     channel.close(200, "shutting down").await?;
     connection.close(200, "shutting down").await?;
     Ok(())
+}
+
+/// Service A's events go to the events' work queue through the default exchange; the
+/// naive variant publishes them on a channel of its own, in confirm mode.
+async fn announcing(
+    connection: &Connection,
+    args: &ConsumeArgs,
+    events: &str,
+) -> Result<Announcing, BoxError> {
+    let route = Route {
+        destination: String::new(),
+        routing_key: Queues::new(events).work().to_owned(),
+    };
+    let direct = if args.handler.publishes_directly() {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Some(Direct::Rabbitmq(channel))
+    } else {
+        None
+    };
+    Ok(Announcing { route, direct })
 }
