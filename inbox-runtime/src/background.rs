@@ -10,8 +10,9 @@ use tokio::sync::watch;
 use crate::backend::InboxBackend;
 
 /// Where a background task ([`Pruner`](crate::Pruner), [`Relay`](crate::outbox::Relay))
-/// takes its connections: an owned diesel-async pool
-/// (deadpool's or bb8's, with the feature of that name), or a closure that returns a
+/// takes its connections: an owned diesel-async pool (deadpool's or bb8's, with
+/// diesel-inbox's feature of that name, `deadpool` or `bb8`: without it a pool is not a
+/// source, and the compiler asks for a closure instead), or a closure that returns a
 /// future of one, such as `|| pool.get()` on a `&'static` pool.
 pub trait ConnectionSource: Send + 'static {
     /// The connection it gives.
