@@ -92,8 +92,9 @@
 //! [`OutboxPublisher`] publishes diesel-inbox's outbox through its `Relay`: each message
 //! persistent and `mandatory`, its id in the `message_id` property that
 //! [`message_key`] reads on the receiving side, reported sent only once the broker has
-//! confirmed it. A missing exchange, an unroutable message or an oversized payload is
-//! parked for an operator; a closed channel or connection is opened again.
+//! confirmed it, one publish per channel at a time. A missing exchange, an unroutable
+//! message or an oversized payload is parked for an operator; a closed channel or
+//! connection is opened again.
 //!
 //! # A complete consumer
 //!

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use diesel_inbox::outbox::{Outgoing, PublishError, Publisher};
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::publisher_confirm::Confirmation;
@@ -28,17 +29,25 @@ const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
 /// no queue is bound for its routing key (returned as unroutable), or its payload is
 /// larger than the broker takes ([`OutboxPublisher::with_max_message_size`]). Anything
 /// else (a negative acknowledgement, a lost connection) is retried. The publisher
-/// connects on its first publish, and opens its channel, or its connection, again after
-/// the broker closes them.
+/// connects on its first publish, and connects again after the broker closes the
+/// connection.
+///
+/// Each channel carries one publish at a time, the relay's publishes spread over as
+/// many channels as it runs at once: the broker acknowledges several publishes of one
+/// channel together, and lapin then cannot tell which of them a returned (unroutable)
+/// message was, nor does an error that closes a channel fail other messages than its
+/// own.
 pub struct OutboxPublisher {
     url: String,
     max_message_size: usize,
-    link: Mutex<Option<Link>>,
+    link: Mutex<Link>,
 }
 
+/// The connection, and its channels in confirm mode that no publish is using.
+#[derive(Default)]
 struct Link {
-    connection: Connection,
-    channel: Channel,
+    connection: Option<Connection>,
+    idle: Vec<Channel>,
 }
 
 impl OutboxPublisher {
@@ -48,7 +57,7 @@ impl OutboxPublisher {
         Self {
             url: url.into(),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            link: Mutex::new(None),
+            link: Mutex::new(Link::default()),
         }
     }
 
@@ -62,28 +71,25 @@ impl OutboxPublisher {
         }
     }
 
-    /// A channel in confirm mode: the open one, or a new one if the broker closed it,
-    /// on a new connection if the broker closed that too.
+    /// A channel in confirm mode for one publish: an idle one, or a new one, on a new
+    /// connection if the broker closed the last.
     async fn channel(&self) -> Result<Channel, lapin::Error> {
         let mut link = self.link.lock().await;
-        if let Some(open) = link
-            .as_ref()
-            .filter(|link| link.channel.status().connected())
-        {
-            return Ok(open.channel.clone());
+        while let Some(channel) = link.idle.pop() {
+            if channel.status().connected() {
+                return Ok(channel);
+            }
         }
-        let connection = match link.take() {
-            Some(old) if old.connection.status().connected() => old.connection,
+        let connection = match link.connection.take() {
+            Some(connection) if connection.status().connected() => connection,
             _ => crate::connect(&self.url).await?,
         };
-        let channel = connection.create_channel().await?;
+        let opened = connection.create_channel().await;
+        link.connection = Some(connection);
+        let channel = opened?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        *link = Some(Link {
-            connection,
-            channel: channel.clone(),
-        });
         Ok(channel)
     }
 
@@ -93,16 +99,25 @@ impl OutboxPublisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        channel
-            .basic_publish(
-                message.destination(),
-                message.routing_key(),
-                options,
-                message.payload(),
-                properties(message),
-            )
-            .await?
-            .await
+        let confirmed = async {
+            channel
+                .basic_publish(
+                    message.destination(),
+                    message.routing_key(),
+                    options,
+                    message.payload(),
+                    properties(message),
+                )
+                .await?
+                .await
+        }
+        .await;
+        // A channel the broker closed is dropped; one a time-out abandoned mid-publish is
+        // dropped with the future, never handed to another publish.
+        if channel.status().connected() {
+            self.link.lock().await.idle.push(channel);
+        }
+        confirmed
     }
 }
 
@@ -138,11 +153,19 @@ impl Publisher for OutboxPublisher {
         }
         match self.publish_confirmed(message).await {
             Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(_))) => Err(PublishError::unpublishable(format!(
-                "returned as unroutable: no queue is bound to exchange `{}` for routing key `{}`",
-                message.destination(),
-                message.routing_key()
-            ))),
+            Ok(Confirmation::Ack(Some(returned)))
+                if returned_is(&returned, message.message_id()) =>
+            {
+                Err(PublishError::unpublishable(format!(
+                    "returned as unroutable: no queue is bound to exchange `{}` for routing key `{}`",
+                    message.destination(),
+                    message.routing_key()
+                )))
+            }
+            // Another message's return: this one's fate is unknown, so it goes again.
+            Ok(Confirmation::Ack(Some(_))) => Err(PublishError::retryable(
+                "the broker returned another message with this one's confirmation",
+            )),
             Ok(Confirmation::Nack(_)) => {
                 Err(PublishError::retryable("the broker refused it (nack)"))
             }
@@ -157,9 +180,9 @@ impl Publisher for OutboxPublisher {
     }
 }
 
-/// Whether `error` closed the channel because `exchange` does not exist. The broker
-/// closes the whole channel, failing every publish in flight on it: only those to the
-/// exchange it names are unpublishable.
+/// Whether `error` closed the channel because `exchange` does not exist: the broker
+/// names the exchange, so an error of the channel's that is not this message's (the
+/// channel closed for another reason) is retried.
 fn names_a_missing_exchange(error: &lapin::Error, exchange: &str) -> bool {
     match error.kind() {
         ErrorKind::ProtocolError(amqp) => {
@@ -171,6 +194,15 @@ fn names_a_missing_exchange(error: &lapin::Error, exchange: &str) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `returned` is the message with id `message_id`.
+fn returned_is(returned: &BasicReturnMessage, message_id: &str) -> bool {
+    returned
+        .properties
+        .message_id()
+        .as_ref()
+        .is_some_and(|id| id.as_str() == message_id)
 }
 
 fn properties(message: &Outgoing) -> BasicProperties {
