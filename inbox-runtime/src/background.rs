@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use diesel_async::AsyncConnection;
 use tokio::sync::watch;
@@ -75,4 +76,33 @@ where
 pub(crate) async fn shutting_down(mut stopped: watch::Receiver<bool>) {
     // An error means the sender is gone: nobody can ask any more, so stop as well.
     let _ = stopped.wait_for(|&stop| stop).await;
+}
+
+/// `every`, moved by up to a tenth either way, so that instances started together do not
+/// run in step; `every` itself where that would not fit in a `Duration` (a task that
+/// never runs, at `Duration::MAX`).
+pub(crate) fn jittered(every: Duration) -> Duration {
+    Duration::try_from_secs_f64(every.as_secs_f64() * (0.9 + 0.2 * fastrand::f64()))
+        .unwrap_or(every)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_never_overflows() {
+        for _ in 0..1_000 {
+            assert!(jittered(Duration::MAX) >= Duration::MAX.mul_f64(0.9));
+        }
+    }
+
+    #[test]
+    fn jitter_stays_within_a_tenth() {
+        let every = Duration::from_secs(100);
+        for _ in 0..1_000 {
+            let delay = jittered(every);
+            assert!((Duration::from_secs(90)..=Duration::from_secs(110)).contains(&delay));
+        }
+    }
 }

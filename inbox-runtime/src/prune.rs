@@ -19,7 +19,7 @@ const BATCH: i64 = 1_000;
 /// backend's date arithmetic fails somewhat further back (MariaDB's `DATETIME` begins
 /// in the year 1000, PostgreSQL's and SQLite's a few thousand years BC), where a window
 /// would be an error instead of "nothing is that old".
-const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 * 3600);
+pub(crate) const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 * 3600);
 
 /// Deletes the markers processed more than `older_than` ago, as the database's clock
 /// tells time, and returns how many it deleted. A claim that was never completed is
@@ -66,12 +66,7 @@ where
     AfterBatch: FnMut(Duration) -> Pausing,
     Pausing: Future<Output = ControlFlow<()>>,
 {
-    if C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()?
-        .is_some()
-    {
-        return Err(Error::AlreadyInTransaction);
-    }
+    outside_a_transaction(conn)?;
     if older_than > LONGEST_WINDOW {
         return Ok(0);
     }
@@ -104,6 +99,21 @@ where
         }
     }
     Ok(deleted)
+}
+
+/// Refuses a connection inside a transaction, where a prune's batches would not be
+/// short transactions of their own.
+pub(crate) fn outside_a_transaction<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection,
+{
+    if C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()?
+        .is_some()
+    {
+        return Err(Error::AlreadyInTransaction);
+    }
+    Ok(())
 }
 
 /// The lowest id in `start..end` from which on the first marker is inside the window, or

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::InboxBackend;
-use crate::background::{ConnectionSource, shutting_down};
+use crate::background::{ConnectionSource, jittered, shutting_down};
 use crate::prune::prune_in_batches;
 
 /// How hard a prune works. After each batch of 1,000 ids it rests for a multiple of the
@@ -178,13 +178,6 @@ impl Pruner {
     }
 }
 
-/// `every`, moved by up to a tenth either way; `every` itself where that would not fit in
-/// a `Duration` (a pruner that never runs, at `Duration::MAX`).
-fn jittered(every: Duration) -> Duration {
-    Duration::try_from_secs_f64(every.as_secs_f64() * (0.9 + 0.2 * fastrand::f64()))
-        .unwrap_or(every)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,21 +188,5 @@ mod tests {
         assert_eq!(Pace::FLAT_OUT.after(batch), Duration::ZERO);
         assert_eq!(Pace::default().after(batch), Duration::from_millis(120));
         assert_eq!(Pace::resting(u32::MAX).after(Duration::MAX), Duration::MAX);
-    }
-
-    #[test]
-    fn jitter_never_overflows() {
-        for _ in 0..1_000 {
-            assert!(jittered(Duration::MAX) >= Duration::MAX.mul_f64(0.9));
-        }
-    }
-
-    #[test]
-    fn jitter_stays_within_a_tenth() {
-        let every = Duration::from_secs(100);
-        for _ in 0..1_000 {
-            let delay = jittered(every);
-            assert!((Duration::from_secs(90)..=Duration::from_secs(110)).contains(&delay));
-        }
     }
 }

@@ -33,14 +33,6 @@ async fn inbox_with_old_markers(test: &str, old: usize) -> (TestDatabase<Conn>, 
     (db, conn)
 }
 
-fn connector(db: &TestDatabase<Conn>) -> impl Fn() -> BoxedConnecting + Clone + Send + 'static {
-    let db = db.clone();
-    move || {
-        let db = db.clone();
-        Box::pin(async move { db.connect().await })
-    }
-}
-
 type BoxedConnecting = std::pin::Pin<
     Box<
         dyn std::future::Future<Output = Result<Conn, diesel_inbox::testing::TestDatabaseError>>
@@ -51,9 +43,8 @@ type BoxedConnecting = std::pin::Pin<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prunes_on_its_schedule_and_stops_when_asked() {
     let (db, mut conn) = inbox_with_old_markers("pruner", 3_000).await;
-    let connect = connector(&db);
     let pruner = Pruner::spawn(
-        connect.clone(),
+        db.clone(),
         Duration::from_millis(20),
         Duration::from_secs(60),
     );
@@ -72,7 +63,11 @@ async fn prunes_on_its_schedule_and_stops_when_asked() {
     );
 
     // Shutting down does not wait for the next run.
-    let idle = Pruner::spawn(connect, Duration::from_secs(3_600), Duration::from_secs(60));
+    let idle = Pruner::spawn(
+        db.clone(),
+        Duration::from_secs(3_600),
+        Duration::from_secs(60),
+    );
     tokio::time::timeout(Duration::from_secs(5), idle.shut_down())
         .await
         .expect("shuts down between runs at once");
@@ -103,7 +98,7 @@ async fn shutting_down_does_not_wait_for_a_connection() {
 async fn shutting_down_ends_a_paced_run_between_its_batches() {
     let (db, mut conn) = inbox_with_old_markers("pruner_paced", 3_000).await;
     let pruner = Pruner::spawn_paced(
-        connector(&db),
+        db.clone(),
         Duration::from_millis(20),
         Duration::from_secs(60),
         Pace::resting(1_000_000),

@@ -57,14 +57,6 @@ async fn outbox_with(test: &str, payloads: &[&str]) -> (TestDatabase<Conn>, Conn
     (db, conn)
 }
 
-fn connector(db: &TestDatabase<Conn>) -> impl Fn() -> Connecting + Send + 'static {
-    let db = db.clone();
-    move || -> Connecting {
-        let db = db.clone();
-        Box::pin(async move { db.connect().await })
-    }
-}
-
 async fn count(conn: &mut Conn, sql: &str) -> i64 {
     select_i64(conn, sql).await.unwrap()
 }
@@ -79,7 +71,7 @@ fn eager() -> RelaySettings {
 async fn retries_what_may_pass_and_parks_what_never_will() {
     let (db, mut conn) = outbox_with("relay_settles", &["a", "refuse-b", "never-c", "d"]).await;
     let recorder: &'static Recorder = Box::leak(Box::default());
-    let relay = Relay::spawn(connector(&db), recorder, eager());
+    let relay = Relay::spawn(db.clone(), recorder, eager());
     tokio::time::timeout(Duration::from_secs(10), async {
         while count(
             &mut conn,
@@ -115,7 +107,7 @@ async fn a_round_under_way_is_settled_before_the_relay_stops() {
         delay: Duration::from_millis(500),
         ..Recorder::default()
     }));
-    let relay = Relay::spawn(connector(&db), recorder, eager());
+    let relay = Relay::spawn(db.clone(), recorder, eager());
     tokio::time::sleep(Duration::from_millis(200)).await;
     relay.shut_down().await;
     assert_eq!(*recorder.published.lock().unwrap(), ["slow"]);

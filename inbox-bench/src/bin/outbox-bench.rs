@@ -247,7 +247,7 @@ where
     conn.batch_execute("COMMIT").await?;
     let started = Instant::now();
     let running: Vec<Relay> = (0..relays)
-        .map(|_| Relay::spawn(connector(db), publisher(), fast(Duration::from_millis(5))))
+        .map(|_| Relay::spawn(db.clone(), publisher(), fast(Duration::from_millis(5))))
         .collect();
     while select_i64(
         &mut conn,
@@ -285,7 +285,7 @@ where
     P: Publisher,
     M: Fn() -> OutboxMessage,
 {
-    let relay = Relay::spawn(connector(db), publisher, fast(poll));
+    let relay = Relay::spawn(db.clone(), publisher, fast(poll));
     let mut conn = db.connect().await?;
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let total = args.rate * args.latency_seconds;
@@ -336,21 +336,6 @@ impl Arrivals {
             arrived.push(next.context("the consumer ended")?);
         }
         Ok(arrived)
-    }
-}
-
-type Connecting = std::pin::Pin<
-    Box<
-        dyn Future<Output = Result<AsyncPgConnection, diesel_inbox::testing::TestDatabaseError>>
-            + Send,
-    >,
->;
-
-fn connector(db: &TestDatabase<AsyncPgConnection>) -> impl Fn() -> Connecting + Send + 'static {
-    let db = db.clone();
-    move || -> Connecting {
-        let db = db.clone();
-        Box::pin(async move { db.connect().await })
     }
 }
 

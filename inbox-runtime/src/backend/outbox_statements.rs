@@ -55,6 +55,16 @@ pub struct OutgoingRow {
 pub(crate) const OUTGOING_COLUMNS: &str = "id, message_id, destination, routing_key, ordering_key, \
      headers, payload, attempts, last_error";
 
+/// Row ids as the list of an `IN (…)`: ids the database gave, written as numbers, so
+/// that nothing of a caller's reaches a statement's text.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
+    ids.into_iter()
+        .map(|id| id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Due: unsent, not parked, and not held by a relay whose lease runs; and the first
 /// unsent message of its ordering key, so that one key's messages go out in order;
 /// `o` names the outbox in the statement. `$now` is the backend's current time.

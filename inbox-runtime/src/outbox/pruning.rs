@@ -4,19 +4,16 @@
 use std::time::Duration;
 
 use diesel::QueryResult;
-use diesel::result::Error;
-use diesel_async::{AsyncConnection, TransactionManager};
+use diesel_async::AsyncConnection;
 
+use super::relaying::micros;
 use crate::backend::InboxBackend;
 use crate::backend::outbox_statements::OutboxStatements as _;
+use crate::prune::{LONGEST_WINDOW, outside_a_transaction};
 
 /// Messages per statement: enough to make each round trip worth it, few enough that
 /// each batch's locks and transaction stay short beside the handlers.
 pub(crate) const BATCH: usize = 1_000;
-
-/// Windows longer than this find nothing, rather than overflow the databases' date
-/// arithmetic: no message is five centuries old.
-const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 * 3600);
 
 /// Deletes the messages sent more than `older_than` ago, as the database's clock tells
 /// time, and the rows of ordering keys that no unsent message uses any more; returns how
@@ -35,8 +32,9 @@ const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 * 3600);
 ///
 /// # Errors
 ///
-/// A database error, or [`Error::AlreadyInTransaction`]. Batches deleted before an
-/// error stay deleted.
+/// A database error, or
+/// [`Error::AlreadyInTransaction`](diesel::result::Error::AlreadyInTransaction).
+/// Batches deleted before an error stay deleted.
 pub async fn prune_sent<C>(conn: &mut C, older_than: Duration) -> QueryResult<u64>
 where
     C: AsyncConnection,
@@ -59,19 +57,11 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    if C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()?
-        .is_some()
-    {
-        return Err(Error::AlreadyInTransaction);
-    }
+    outside_a_transaction(conn)?;
     if older_than > LONGEST_WINDOW {
         return Ok(0);
     }
-    let window = i64::try_from(older_than.as_micros())
-        .expect("five centuries fit in i64 µs")
-        .max(1);
-    let deleted = C::Backend::delete_sent(conn, window, BATCH as i64).await?;
+    let deleted = C::Backend::delete_sent(conn, micros(older_than), BATCH as i64).await?;
     let count = deleted.len();
     let mut keys: Vec<Vec<u8>> = deleted
         .into_iter()

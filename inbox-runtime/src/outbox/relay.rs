@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::pruning::{BATCH, prune_sent_batch};
 use super::{PublishError, Publisher, Taken, sent_all, take};
 use crate::backend::InboxBackend;
-use crate::background::{ConnectionSource, shutting_down};
+use crate::background::{ConnectionSource, jittered, shutting_down};
 
 /// How a [`Relay`] takes, publishes, retries and prunes.
 ///
@@ -318,12 +318,6 @@ where
         "an outbox message's publish failed; retrying later"
     );
     taken.retry_later(conn, delay, &error).await.map(drop)
-}
-
-/// `every`, moved by up to a tenth either way, so that relays started together do not
-/// prune in step.
-fn jittered(every: Duration) -> Duration {
-    every.mul_f64(0.9 + 0.2 * fastrand::f64())
 }
 
 /// Waits `delay`, or less if the relay is shut down meanwhile.

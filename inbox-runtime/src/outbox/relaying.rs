@@ -223,7 +223,7 @@ where
 
 /// A duration in whole microseconds, as the statements take it; at least one, and
 /// saturated at what an `i64` holds.
-fn micros(duration: Duration) -> i64 {
+pub(super) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros())
         .unwrap_or(i64::MAX)
         .max(1)

@@ -38,6 +38,18 @@ impl<C: TestConnection> fmt::Debug for TestDatabase<C> {
     }
 }
 
+/// A [`Pruner`](crate::Pruner) or a [`Relay`](crate::outbox::Relay) under test takes its
+/// connections from the test's database: `Relay::spawn(db.clone(), …)`.
+#[cfg(any(feature = "pruner", feature = "relay"))]
+impl<C: TestConnection> crate::ConnectionSource for TestDatabase<C> {
+    type Connection = C;
+    type Error = TestDatabaseError;
+
+    fn connect(&self) -> impl Future<Output = Result<C, TestDatabaseError>> + Send + '_ {
+        TestDatabase::connect(self)
+    }
+}
+
 impl<C: TestConnection> TestDatabase<C> {
     /// Opens a connection to the test's place, set up as the table in the module
     /// documentation says.

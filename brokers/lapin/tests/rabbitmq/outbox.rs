@@ -4,22 +4,17 @@
 //! good: the outbox grows, and drains once the broker is back.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use diesel_inbox::outbox::{self, OutboxMessage, Relay, RelaySettings};
-use diesel_inbox::testing::{TestDatabase, TestDatabaseError, select_i64};
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Disposition, InboxBackend, Outcome, idempotent};
 use diesel_inbox_lapin::{OutboxPublisher, message_key};
 
 use super::outage::Proxy;
 use super::{Broker, broker, server_url};
-
-type Connecting =
-    Pin<Box<dyn Future<Output = Result<AsyncPgConnection, TestDatabaseError>> + Send>>;
 
 #[idempotent(consumer = "lapin-outbox", key = key)]
 async fn announce<C>(
@@ -51,14 +46,6 @@ async fn outbox_database(name: &str) -> Option<TestDatabase<AsyncPgConnection>> 
         .await
         .expect("migrate the outbox");
     Some(db)
-}
-
-fn connector(db: &TestDatabase<AsyncPgConnection>) -> impl Fn() -> Connecting + Send + 'static {
-    let db = db.clone();
-    move || -> Connecting {
-        let db = db.clone();
-        Box::pin(async move { db.connect().await })
-    }
 }
 
 /// Retries at once and polls often, so that the tests wait little.
@@ -135,7 +122,7 @@ async fn the_relay_publishes_what_committed_and_nothing_else() {
         }
     }
     let relay = Relay::spawn(
-        connector(&db),
+        db.clone(),
         OutboxPublisher::new(broker.url.clone()),
         eager(),
     );
@@ -187,7 +174,7 @@ async fn unpublishable_messages_are_parked_and_the_rest_go_out() {
         }
     }
     let relay = Relay::spawn(
-        connector(&db),
+        db.clone(),
         OutboxPublisher::new(broker.url.clone()),
         eager(),
     );
@@ -244,7 +231,7 @@ async fn an_unreachable_broker_holds_messages_until_it_returns() {
         .expect("an address");
     let proxy = Proxy::start(upstream).await;
     let publisher = OutboxPublisher::new(proxy.url(&broker.url));
-    let relay = Relay::spawn(connector(&db), publisher, eager());
+    let relay = Relay::spawn(db.clone(), publisher, eager());
     let mut conn = db.connect().await.expect("connect");
     for n in 0..10 {
         outbox::enqueue(&mut conn, to_queue(&broker, n))

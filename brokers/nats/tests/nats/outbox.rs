@@ -3,21 +3,16 @@
 //! by the stream, and messages no stream takes are parked.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay, RelaySettings};
-use diesel_inbox::testing::{TestDatabase, TestDatabaseError, select_i64};
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{InboxBackend, Outcome, idempotent};
 use diesel_inbox_nats::{MessageKey, OutboxPublisher, message_key};
 
 use super::{Broker, NOT_YET, broker, next, server_url};
-
-type Connecting =
-    Pin<Box<dyn Future<Output = Result<AsyncPgConnection, TestDatabaseError>> + Send>>;
 
 #[idempotent(consumer = "nats-outbox", key = key)]
 async fn announce<C>(
@@ -47,14 +42,6 @@ async fn outbox_database(name: &str) -> Option<TestDatabase<AsyncPgConnection>> 
         .await
         .expect("migrate the outbox");
     Some(db)
-}
-
-fn connector(db: &TestDatabase<AsyncPgConnection>) -> impl Fn() -> Connecting + Send + 'static {
-    let db = db.clone();
-    move || -> Connecting {
-        let db = db.clone();
-        Box::pin(async move { db.connect().await })
-    }
 }
 
 fn eager() -> RelaySettings {
@@ -117,7 +104,7 @@ async fn the_relay_publishes_what_committed_with_its_id() {
         }
     }
     let publisher = OutboxPublisher::new(broker.jetstream.clone());
-    let relay = Relay::spawn(connector(&db), publisher, eager());
+    let relay = Relay::spawn(db.clone(), publisher, eager());
     let received = receive(&broker, committed.len()).await;
     relay.shut_down().await;
 
@@ -164,7 +151,7 @@ async fn a_copy_published_again_after_a_crash_is_dropped_by_the_stream() {
     drop(taken); // the relay dies here, before marking it sent
 
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let relay = Relay::spawn(connector(&db), publisher, eager());
+    let relay = Relay::spawn(db.clone(), publisher, eager());
     tokio::time::timeout(Duration::from_secs(30), async {
         while unsent(&mut conn).await > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -219,7 +206,7 @@ async fn messages_no_stream_takes_are_parked_and_the_rest_go_out() {
         outbox::enqueue(&mut conn, message).await.expect("enqueue");
     }
     let publisher = OutboxPublisher::new(broker.jetstream.clone());
-    let relay = Relay::spawn(connector(&db), publisher, eager());
+    let relay = Relay::spawn(db.clone(), publisher, eager());
     let received = receive(&broker, good).await;
     let parked = tokio::time::timeout(Duration::from_secs(30), async {
         loop {

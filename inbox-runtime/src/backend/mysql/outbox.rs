@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
 use crate::backend::outbox_statements::{
-    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
+    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
 };
 use crate::backend::prepared::Prepared;
 use crate::backend::roll_back_for;
@@ -114,12 +114,7 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
-        let ids = ids
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let ids = id_list(ids);
         let sql = format!(
             "UPDATE inbox_outbox SET sent_at = NOW(6), relay_token = NULL \
              WHERE id IN ({ids}) AND sent_at IS NULL"
@@ -269,12 +264,7 @@ where
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
-    let ids = ids
-        .iter()
-        .map(|row| row.id.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let ids = id_list(ids.iter().map(|row| row.id));
     // Due again by the latest committed rows, which the update reads: on a Galera
     // cluster another node's relay may have taken a row since the select read it, and
     // its take reached this node without ending this one. Only what this update took
@@ -319,12 +309,7 @@ where
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
-    let ids = rows
-        .iter()
-        .map(|row| row.id.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let ids = id_list(rows.iter().map(|row| row.id));
     diesel::sql_query(format!("DELETE FROM inbox_outbox WHERE id IN ({ids})"))
         .execute(conn)
         .await?;

@@ -9,7 +9,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::claims::ahead;
 use crate::backend::outbox_statements::{
-    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due,
+    DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
 };
 use crate::backend::prepared::Prepared;
 
@@ -131,12 +131,7 @@ impl OutboxStatements for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // Ids the database gave, written as numbers: nothing of a caller's reaches the text.
-        let ids = ids
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let ids = id_list(ids);
         diesel::sql_query(format!(
             "UPDATE inbox_outbox SET sent_at = {now}, relay_token = NULL \
              WHERE id IN ({ids}) AND sent_at IS NULL",
