@@ -67,7 +67,7 @@ impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for FlaggedMarkerInser
         out.push_bind_param::<Bytea, [u8]>(self.consumer.as_bytes())?;
         out.push_sql(
             ", 'UTF8') WHERE current_setting('diesel_inbox.marker_transaction', true) = 'open' \
-             ON CONFLICT (message_id, consumer) DO NOTHING",
+             ON CONFLICT DO NOTHING",
         );
         Ok(())
     }

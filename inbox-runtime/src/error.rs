@@ -44,6 +44,8 @@ pub enum InboxError {
     FingerprintMismatch(FingerprintMismatch),
     /// An outbox message cannot be stored. Nothing of it was written.
     InvalidOutboxMessage(InvalidOutboxMessage),
+    /// Another message's marker holds the same digest in the unique index.
+    KeyCollision(KeyCollision),
 }
 
 impl InboxError {
@@ -78,6 +80,7 @@ impl fmt::Display for InboxError {
             Self::Claim(error) => error.fmt(f),
             Self::FingerprintMismatch(error) => error.fmt(f),
             Self::InvalidOutboxMessage(error) => error.fmt(f),
+            Self::KeyCollision(error) => error.fmt(f),
         }
     }
 }
@@ -91,6 +94,7 @@ impl StdError for InboxError {
             Self::Claim(error) => error.source(),
             Self::FingerprintMismatch(error) => error.source(),
             Self::InvalidOutboxMessage(error) => error.source(),
+            Self::KeyCollision(error) => error.source(),
         }
     }
 }
@@ -125,7 +129,8 @@ carried_as!(
     InvalidBatchKey => InvalidBatchKey,
     ClaimError => Claim,
     FingerprintMismatch => FingerprintMismatch,
-    InvalidOutboxMessage => InvalidOutboxMessage
+    InvalidOutboxMessage => InvalidOutboxMessage,
+    KeyCollision => KeyCollision
 );
 
 /// Why an outbox message cannot be stored: [`enqueue`](crate::outbox::enqueue) refuses
@@ -329,6 +334,42 @@ impl fmt::Display for FingerprintMismatch {
 }
 
 impl StdError for FingerprintMismatch {}
+
+/// A delivery's marker met another message's in the unique index: on PostgreSQL the
+/// index holds a 128-bit digest of (consumer, key), and two different keys gave the same
+/// one. At 10^12 markers the chance that any two do is about 10^-15; a key chosen to
+/// collide would have to break SHA-256. The crate compares the stored key whenever an
+/// insert meets a marker, so a collision is this error, never a duplicate: the body did
+/// not run, nothing was written, and the message must not be acknowledged as processed.
+///
+/// Classified [`Permanent`](crate::ErrorClass::Permanent): every delivery of the message
+/// meets the same marker. Dead-letter it and report it, with both keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyCollision {
+    /// The delivery's key.
+    pub message_id: String,
+    /// The consumer.
+    pub consumer: String,
+    /// The key of the marker that holds the digest.
+    pub stored_message_id: String,
+    /// The consumer of the marker that holds the digest.
+    pub stored_consumer: String,
+}
+
+impl fmt::Display for KeyCollision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {:?} for consumer {:?} has the same digest in the inbox's unique \
+             index as message {:?} for consumer {:?}: it was not processed, and is not \
+             a duplicate; set it aside and report it",
+            self.message_id, self.consumer, self.stored_message_id, self.stored_consumer
+        )
+    }
+}
+
+impl StdError for KeyCollision {}
 
 /// A message of the batch whose key cannot be stored. The whole batch is rejected before
 /// anything is written, so that the caller can set that message aside (dead-letter it)

@@ -58,7 +58,7 @@ pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
 pub use claims::{Claim, ClaimPolicy, run_claimed};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;
-pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey};
+pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey, KeyCollision};
 pub use fast_path::FastPath;
 pub use fingerprint::Fingerprint;
 pub use handler::{
@@ -71,7 +71,7 @@ pub use background::ConnectionSource;
 #[doc(hidden)]
 pub use inventory;
 pub use key::{InboxKey, InvalidKey, MissingKey, encode_key};
-pub use migrate::migrate;
+pub use migrate::{migrate, upgrade_unique_index};
 pub use outcome::Outcome;
 pub use prune::prune;
 #[cfg(feature = "pruner")]

@@ -3,7 +3,9 @@
 //! Each row records that one consumer has processed one message, or, in claim mode, is
 //! processing it. The unique index
 //! [`INDEX_NAME`] on (`message_id`, `consumer`) is what makes processing exactly-once:
-//! the database, not a read-then-write check, decides which delivery wins.
+//! the database, not a read-then-write check, decides which delivery wins. On
+//! PostgreSQL it is on `inbox_key_digest(consumer, message_id)`, a 16-byte digest of the
+//! two, and the crate compares the stored key whenever an insert meets a marker.
 //!
 //! The SQL for each backend ships as diesel-CLI migration folders under `migrations/`
 //! in this crate's repository, and [`migrate`](crate::migrate) runs the same SQL.
@@ -16,6 +18,16 @@
 /// [`classify`](crate::classify) recognises a duplicate by this name, so it must not be
 /// changed in your migrations.
 pub const INDEX_NAME: &str = "ux_inbox_message_consumer";
+
+/// What [`upgrade_unique_index`](crate::upgrade_unique_index) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IndexUpgrade {
+    /// The unique index was rebuilt and swapped in.
+    Rebuilt,
+    /// The unique index was already the current one.
+    Current,
+}
 
 /// Longest stored `message_id`, in bytes. Longer keys are rejected, never truncated.
 pub const MESSAGE_ID_MAX_BYTES: usize = 512;

@@ -19,3 +19,4 @@ mod postgres;
 mod pruner;
 mod relay;
 mod sqlite;
+mod unique_index;

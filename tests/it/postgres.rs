@@ -517,7 +517,7 @@ async fn statements_stay_prepared() {
             "UPDATE inbox SET lease_ends_at = NULL",
             "SELECT EXISTS (SELECT 1 FROM inbox",
             "INSERT INTO inbox (message_id, consumer) SELECT convert_from($1",
-            "FROM unnest(",
+            "FROM unnest($2",
         ] {
             let prepared = format!(
                 "SELECT COUNT(*) FROM pg_prepared_statements WHERE statement LIKE '%{statement}%' \

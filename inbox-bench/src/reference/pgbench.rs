@@ -31,7 +31,7 @@ fn text(script: Script) -> String {
                 format!(
                     "INSERT INTO inbox (message_id, consumer) \
                      VALUES (gen_random_uuid()::text, '{consumer}') \
-                     ON CONFLICT (message_id, consumer) DO NOTHING;\n"
+                     ON CONFLICT DO NOTHING;\n"
                 )
             } else {
                 String::new()
@@ -49,7 +49,7 @@ fn text(script: Script) -> String {
                 format!(
                     "INSERT INTO inbox (message_id, consumer) \
                      SELECT gen_random_uuid()::text, '{consumer}' FROM generate_series(1, {messages}) \
-                     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id;\n"
+                     ON CONFLICT DO NOTHING RETURNING message_id;\n"
                 )
             } else {
                 String::new()

@@ -14,6 +14,7 @@
 //! | `testing.rs` | the test database: a schema, a database or a file per test |
 //! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
 //! | `markers.rs`, `pipeline.rs` (PostgreSQL) | the marker's statements, keys bound as bytes; BEGIN and the insert in one round trip |
+//! | `upgrade.rs` (PostgreSQL) | the unique index on the key's digest, and the upgrade of 0.2's |
 //!
 //! A fourth database is one more folder: implement the two traits and the test database,
 //! add its error recognition to [`classify`](crate::classify).
@@ -424,6 +425,19 @@ pub(crate) mod sealed {
         fn migrate<C>(conn: &mut C) -> impl Future<Output = QueryResult<()>> + Send
         where
             C: AsyncConnection<Backend = Self>;
+
+        /// Replaces an older version's unique index by the current one, while handlers
+        /// run: see [`upgrade_unique_index`](crate::upgrade_unique_index). Only
+        /// PostgreSQL's index has changed.
+        fn upgrade_unique_index<C>(
+            conn: &mut C,
+        ) -> impl Future<Output = QueryResult<crate::schema::IndexUpgrade>> + Send
+        where
+            C: AsyncConnection<Backend = Self>,
+        {
+            let _ = conn;
+            async { Ok(crate::schema::IndexUpgrade::Current) }
+        }
 
         /// Whether this backend stores `message_id`, an encoded key, byte for byte: a
         /// key it cannot store is refused before anything is written.

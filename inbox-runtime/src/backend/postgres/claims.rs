@@ -11,6 +11,11 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
 use crate::backend::prepared::Prepared;
 
+// The claim a statement is about, by its placeholders `$1` and `$2`: the key and the
+// consumer as UTF-8 bytes, which no `client_encoding` converts on their way in (bound as
+// text, LATIN1 would store "é" as "Ã©", and another session's key could meet it).
+use super::markers::BY_KEY;
+
 /// A conditional update of the claim [`BY_KEY`] names, still held by `token` where given;
 /// whether it updated the row.
 macro_rules! update_claim_by_bytes {
@@ -26,13 +31,6 @@ macro_rules! update_claim_by_bytes {
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= now())";
-
-/// The claim a conditional update is about, by its placeholders `$1` and `$2`: the key
-/// and the consumer as UTF-8 bytes, which no `client_encoding` converts on their way in
-/// (bound as text, LATIN1 would store "é" as "Ã©", and another session's key could meet
-/// it).
-const BY_KEY: &str =
-    "WHERE message_id = convert_from($1, 'UTF8') AND consumer = convert_from($2, 'UTF8')";
 
 /// Still held by the token `$3`, even past its lease.
 const HELD: &str = "claim_token = $3 AND lease_ends_at IS NOT NULL";
@@ -50,10 +48,11 @@ impl ClaimStatements for Pg {
     {
         // ON CONFLICT DO NOTHING waits for a concurrent insert of the same key, like
         // the transactional handlers' marker insert, and raises no error to log.
+        let (message_id, consumer) = (claim.key.message_id.clone(), claim.key.consumer.clone());
         let inserted = Prepared(diesel::sql_query(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (convert_from($1, 'UTF8'), convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
-             ON CONFLICT (message_id, consumer) DO NOTHING",
+             ON CONFLICT DO NOTHING",
         )
         .bind::<Bytea, _>(claim.key.message_id.into_bytes())
         .bind::<Bytea, _>(claim.key.consumer.into_bytes())
@@ -62,7 +61,11 @@ impl ClaimStatements for Pg {
         .bind::<Nullable<Text>, _>(claim.fingerprint))
         .execute(conn)
         .await?;
-        Ok(inserted == 1)
+        if inserted == 1 {
+            return Ok(true);
+        }
+        super::markers::confirm_duplicate(conn, &message_id, &consumer).await?;
+        Ok(false)
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>

@@ -8,6 +8,12 @@
 //! session in UTF-8 does, so a key is found whatever either session's setting. New keys
 //! come back the same way. A duplicate waits for the transaction holding its key, then
 //! inserts nothing, without raising an error (`ON CONFLICT DO NOTHING`).
+//!
+//! The unique index holds a digest of (consumer, key) (`inbox_key_digest`, see the
+//! `key_digest` migration), or, in an inbox not yet upgraded, both texts. Every lookup
+//! by key names the digest and both texts, so that it finds its row through either
+//! index; and a conflict is confirmed by reading the key back, so that two keys with one
+//! digest are an error, never a duplicate.
 
 use diesel::QueryResult;
 use diesel::pg::Pg;
@@ -15,6 +21,7 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, Bytea, Text, Untyped};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl as _};
 
+use crate::backend::prepared::Prepared;
 use crate::backend::sealed::Marker;
 
 /// The condition a pipelined insert must meet to insert: the BEGIN batch sent ahead of
@@ -27,7 +34,16 @@ const BEHIND_FLAGGED_BEGIN: &str =
 /// its first error, so one whose BEGIN failed never sets it.
 pub(super) const BEGIN_FLAGGED: &str = "BEGIN; SET LOCAL diesel_inbox.marker_transaction = 'open'";
 
-const ON_CONFLICT: &str = " ON CONFLICT (message_id, consumer) DO NOTHING";
+/// Without a conflict target, so that it holds for either index: 0.2's on both texts, or
+/// the digest's.
+const ON_CONFLICT: &str = " ON CONFLICT DO NOTHING";
+
+/// The row of the key whose UTF-8 bytes are bound as `$1`, and the consumer's as `$2`,
+/// found through the digest's index or 0.2's: [`push_by_key`] for statements written as
+/// text.
+pub(super) const BY_KEY: &str = "WHERE inbox_key_digest(consumer, message_id) = \
+     inbox_key_digest(convert_from($2, 'UTF8'), convert_from($1, 'UTF8')) \
+     AND message_id = convert_from($1, 'UTF8') AND consumer = convert_from($2, 'UTF8')";
 
 /// Which transaction a marker insert runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,8 +107,18 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
     }
 }
 
-/// Whether the marker is committed: the fast path's read, one row with `found`.
-pub(super) struct MarkerExists<'m>(pub(super) &'m Marker);
+/// Whether the key's marker is there: the fast path's read, one row with `found`.
+pub(super) struct MarkerExists<'m> {
+    message_id: &'m str,
+    consumer: &'m str,
+}
+
+pub(super) fn marker_exists<'m>(message_id: &'m str, consumer: &'m str) -> MarkerExists<'m> {
+    MarkerExists {
+        message_id,
+        consumer,
+    }
+}
 
 impl QueryId for MarkerExists<'_> {
     type QueryId = ();
@@ -105,13 +131,33 @@ impl Query for MarkerExists<'_> {
 
 impl QueryFragment<Pg> for MarkerExists<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = convert_from(");
-        out.push_bind_param::<Bytea, [u8]>(self.0.message_id.as_bytes())?;
-        out.push_sql(", 'UTF8') AND consumer = convert_from(");
-        out.push_bind_param::<Bytea, [u8]>(self.0.consumer.as_bytes())?;
-        out.push_sql(", 'UTF8')) AS found");
+        out.push_sql("SELECT EXISTS (SELECT 1 FROM inbox ");
+        push_by_key(
+            &mut out,
+            self.message_id.as_bytes(),
+            self.consumer.as_bytes(),
+        )?;
+        out.push_sql(") AS found");
         Ok(())
     }
+}
+
+/// [`BY_KEY`], for a query built with bind parameters pushed in order.
+fn push_by_key<'b>(
+    out: &mut AstPass<'_, 'b, Pg>,
+    message_id: &'b [u8],
+    consumer: &'b [u8],
+) -> QueryResult<()> {
+    out.push_sql("WHERE inbox_key_digest(consumer, message_id) = inbox_key_digest(convert_from(");
+    out.push_bind_param::<Bytea, [u8]>(consumer)?;
+    out.push_sql(", 'UTF8'), convert_from(");
+    out.push_bind_param::<Bytea, [u8]>(message_id)?;
+    out.push_sql(", 'UTF8')) AND message_id = convert_from(");
+    out.push_bind_param::<Bytea, [u8]>(message_id)?;
+    out.push_sql(", 'UTF8') AND consumer = convert_from(");
+    out.push_bind_param::<Bytea, [u8]>(consumer)?;
+    out.push_sql(", 'UTF8')");
+    Ok(())
 }
 
 /// What [`MarkerExists`] reads.
@@ -176,8 +222,22 @@ pub(super) struct NewMarker {
     message_id: Vec<u8>,
 }
 
+/// Runs [`marker`]'s insert: whether the marker is new, a conflict confirmed as the
+/// key's own marker (see [`confirm_duplicate`]).
+pub(super) async fn insert_marker<C>(conn: &mut C, insert: MarkerInsert<'_>) -> QueryResult<bool>
+where
+    C: AsyncConnectionCore<Backend = Pg>,
+{
+    let marker = insert.marker;
+    if insert.execute(conn).await? > 0 {
+        return Ok(true);
+    }
+    confirm_duplicate(conn, &marker.message_id, marker.consumer).await?;
+    Ok(false)
+}
+
 /// Runs [`markers`]' insert: for each of the batch's sorted, distinct `message_ids`,
-/// whether its marker is new.
+/// whether its marker is new, the others confirmed as their keys' own markers.
 pub(super) async fn insert_markers<C>(
     conn: &mut C,
     insert: MarkersInsert<'_>,
@@ -186,8 +246,114 @@ pub(super) async fn insert_markers<C>(
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
+    let consumer = insert.consumer;
     let inserted: Vec<NewMarker> = insert.load(conn).await?;
-    Ok(which_are_new(message_ids, inserted))
+    let new = which_are_new(message_ids, inserted);
+    let met: Vec<&[u8]> = message_ids
+        .iter()
+        .zip(&new)
+        .filter(|(_, new)| !**new)
+        .map(|(message_id, _)| message_id.as_bytes())
+        .collect();
+    if !met.is_empty() {
+        confirm_duplicates(conn, consumer, met).await?;
+    }
+    Ok(new)
+}
+
+/// Confirms that an insert which met a marker met the key's own (`Ok`): the unique index
+/// may hold a digest, which another key can share. Another key's marker is a
+/// [`KeyCollision`](crate::KeyCollision), never a duplicate.
+///
+/// Run in the insert's transaction: the marker it met is committed (the insert waited
+/// for it) or its own, so this read finds it.
+pub(super) async fn confirm_duplicate<C>(
+    conn: &mut C,
+    message_id: &str,
+    consumer: &str,
+) -> QueryResult<()>
+where
+    C: AsyncConnectionCore<Backend = Pg>,
+{
+    let Found { found } = marker_exists(message_id, consumer).get_result(conn).await?;
+    if found {
+        return Ok(());
+    }
+    Err(collision(conn, message_id, consumer).await)
+}
+
+/// [`confirm_duplicate`] for a batch's markers that met one, in one statement.
+async fn confirm_duplicates<C>(conn: &mut C, consumer: &str, met: Vec<&[u8]>) -> QueryResult<()>
+where
+    C: AsyncConnectionCore<Backend = Pg>,
+{
+    let missing: Vec<NewMarker> = Prepared(
+        diesel::sql_query(
+            "SELECT batch.message_id FROM unnest($1::bytea[]) AS batch (message_id) \
+             WHERE NOT EXISTS (SELECT 1 FROM inbox \
+             WHERE inbox_key_digest(consumer, message_id) \
+             = inbox_key_digest(convert_from($2, 'UTF8'), convert_from(batch.message_id, 'UTF8')) \
+             AND message_id = convert_from(batch.message_id, 'UTF8') \
+             AND consumer = convert_from($2, 'UTF8'))",
+        )
+        .bind::<Array<Bytea>, _>(met)
+        .bind::<Bytea, _>(consumer.as_bytes()),
+    )
+    .load(conn)
+    .await?;
+    let Some(NewMarker { message_id }) = missing.into_iter().next() else {
+        return Ok(());
+    };
+    let message_id = String::from_utf8_lossy(&message_id).into_owned();
+    Err(collision(conn, &message_id, consumer).await)
+}
+
+/// The error for a key whose insert met a marker that is not its own: the marker holding
+/// its digest, read by the digest alone (only ever on an upgraded index, where that read
+/// has an index: 0.2's meets nothing but the key's own marker). When none holds it any
+/// more, a pruner deleted the marker met in between, and a redelivery inserts.
+async fn collision<C>(conn: &mut C, message_id: &str, consumer: &str) -> diesel::result::Error
+where
+    C: AsyncConnectionCore<Backend = Pg>,
+{
+    let holder: QueryResult<Vec<Holder>> = Prepared(
+        diesel::sql_query(
+            "SELECT convert_to(message_id, 'UTF8') AS message_id, \
+             convert_to(consumer, 'UTF8') AS consumer FROM inbox \
+             WHERE inbox_key_digest(consumer, message_id) \
+             = inbox_key_digest(convert_from($2, 'UTF8'), convert_from($1, 'UTF8'))",
+        )
+        .bind::<Bytea, _>(message_id.as_bytes())
+        .bind::<Bytea, _>(consumer.as_bytes()),
+    )
+    .load(conn)
+    .await;
+    match holder.map(|rows| rows.into_iter().next()) {
+        Ok(Some(holder)) => crate::KeyCollision {
+            message_id: message_id.to_owned(),
+            consumer: consumer.to_owned(),
+            stored_message_id: String::from_utf8_lossy(&holder.message_id).into_owned(),
+            stored_consumer: String::from_utf8_lossy(&holder.consumer).into_owned(),
+        }
+        .into(),
+        Ok(None) => diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::SerializationFailure,
+            Box::new(String::from(
+                "the marker this message's insert met was deleted (pruned) before it \
+                 could be compared: nothing was written, and a redelivery processes it",
+            )),
+        ),
+        Err(error) => error,
+    }
+}
+
+/// What [`collision`] reads: the key and consumer of the marker holding a digest.
+#[derive(diesel::QueryableByName)]
+struct Holder {
+    #[diesel(sql_type = Bytea)]
+    message_id: Vec<u8>,
+    #[diesel(sql_type = Bytea)]
+    consumer: Vec<u8>,
 }
 
 /// For each of the batch's sorted `message_ids`, whether `inserted` reports it new.

@@ -4,6 +4,11 @@
 //! concurrent transaction holding the same key, then inserts nothing. No unique violation
 //! is raised, so the transaction is never aborted (PostgreSQL would answer its `COMMIT`
 //! with a silent `ROLLBACK`) and the server log gets no `ERROR` line per duplicate.
+//!
+//! The unique index is on a 128-bit digest of (consumer, key), `inbox_key_digest`, which
+//! takes half the space of both texts. An insert that meets a marker reads its key back
+//! to tell a duplicate from a collision (`markers.rs`); an inbox that 0.2 created keeps
+//! its index on both texts until `upgrade_unique_index` swaps it (`upgrade.rs`).
 
 use diesel::result::DatabaseErrorInformation;
 
@@ -13,6 +18,11 @@ use crate::schema::INDEX_NAME;
 pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
     info.constraint_name() == Some(INDEX_NAME)
 }
+
+/// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
+/// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
+#[cfg(feature = "postgres")]
+const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
 /// How the message of 25P02 begins: a statement in a transaction that an earlier error
 /// aborted.
@@ -75,3 +85,5 @@ pub(crate) mod pipeline;
 mod statements;
 #[cfg(all(feature = "postgres", feature = "testing"))]
 pub(crate) mod testing;
+#[cfg(feature = "postgres")]
+mod upgrade;

@@ -14,7 +14,7 @@
 //! it: a failed batch stops at its first error and never sets it.
 
 use diesel::QueryResult;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::future::join;
 
 use super::markers::{self, BEGIN_FLAGGED, Behind};
@@ -40,14 +40,17 @@ where
         let (mut for_begin, mut for_insert) = (pipelined, pipelined);
         join(
             for_begin.batch_execute(BEGIN_FLAGGED),
-            markers::marker(marker, Behind::FlaggedBegin).execute(&mut for_insert),
+            markers::insert_marker(
+                &mut for_insert,
+                markers::marker(marker, Behind::FlaggedBegin),
+            ),
         )
         .await
     };
     if let Err(error) = begun {
         return Err(roll_back_for(conn, error).await);
     }
-    end_unless_inserted(conn, inserted.map(|rows| rows > 0)).await
+    end_unless_inserted(conn, inserted).await
 }
 
 /// [`Sealed::begin_with_markers`](crate::backend::sealed::Sealed::begin_with_markers),

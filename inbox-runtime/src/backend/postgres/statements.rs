@@ -8,18 +8,14 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
-use super::ABORTED_TRANSACTION;
-use super::markers::{self, Behind, Found, MarkerExists};
+use super::markers::{self, Behind, Found};
+use super::{ABORTED_TRANSACTION, MIGRATE_LOCK};
 use crate::backend::prepared::Prepared;
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{
     end_unless_inserted, enter_transaction, leave_transaction, roll_back_for,
     rolled_back_underneath,
 };
-
-/// Serialises concurrent `migrate` calls: concurrent `CREATE TABLE IF NOT EXISTS`
-/// can fail on PostgreSQL's catalog unique indexes. The value spells "inboxmig".
-const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
 impl sealed::Sealed for diesel::pg::Pg {
     fn insert_marker<'c, C>(
@@ -30,12 +26,7 @@ impl sealed::Sealed for diesel::pg::Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let marker = marker.clone();
-        async move {
-            let inserted = markers::marker(&marker, Behind::Begun)
-                .execute(conn)
-                .await?;
-            Ok(inserted > 0)
-        }
+        async move { markers::insert_marker(conn, markers::marker(&marker, Behind::Begun)).await }
     }
 
     inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
@@ -96,7 +87,9 @@ impl sealed::Sealed for diesel::pg::Pg {
         // PostgreSQL never reads uncommitted rows, at any isolation level.
         let marker = marker.clone();
         async move {
-            let Found { found } = MarkerExists(&marker).get_result(conn).await?;
+            let Found { found } = markers::marker_exists(&marker.message_id, marker.consumer)
+                .get_result(conn)
+                .await?;
             Ok(found)
         }
     }
@@ -197,6 +190,13 @@ impl sealed::Sealed for diesel::pg::Pg {
         .await
     }
 
+    async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        super::upgrade::upgrade_unique_index(conn).await
+    }
+
     async fn migrate<C>(conn: &mut C) -> QueryResult<()>
     where
         C: AsyncConnection<Backend = Self>,
@@ -221,6 +221,7 @@ impl sealed::Sealed for diesel::pg::Pg {
             claims = include_str!("../../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
         );
         conn.batch_execute(&migration).await?;
+        super::upgrade::migrate_key_digest(conn).await?;
         warn_unless_english(conn).await
     }
 }

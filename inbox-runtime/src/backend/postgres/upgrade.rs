@@ -1,0 +1,178 @@
+//! PostgreSQL: the unique index on the key's digest, and the upgrade of 0.2's index on
+//! both texts while handlers run.
+//!
+//! The statements work with either index (see `markers.rs`), so an inbox can run on
+//! 0.2's until [`upgrade_unique_index`] swaps it.
+
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::sql_types::Bool;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use super::MIGRATE_LOCK;
+use crate::schema::IndexUpgrade;
+
+/// The `key_digest` migration: the digest function, and its index where the inbox is
+/// empty.
+const KEY_DIGEST: &str =
+    include_str!("../../../migrations/postgres/2026-12-05-000000_key_digest/up.sql");
+
+/// The new index's name while it is built beside 0.2's.
+const BUILDING: &str = "ux_inbox_key_digest";
+
+/// 0.2's index's name between the swap and its drop.
+const RETIRED: &str = "ux_inbox_message_consumer_0_2";
+
+/// Longest wait for the table's lock when swapping the indexes: handlers wait behind the
+/// swap while it waits, so it gives up instead, and tries again.
+const SWAP_LOCK_TIMEOUT: &str = "1s";
+
+/// Attempts at the swap before the upgrade reports the lock time-out.
+const SWAP_ATTEMPTS: u32 = 30;
+
+/// What the session sees of the digest: its function, and whether the unique index is on
+/// it.
+#[derive(diesel::QueryableByName)]
+struct DigestState {
+    #[diesel(sql_type = Bool)]
+    function: bool,
+    #[diesel(sql_type = Bool)]
+    index: bool,
+}
+
+async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    diesel::sql_query(
+        // pg_depend, read in the statement's snapshot: pg_get_indexdef reads the catalog
+        // caches, and fails on an index that a concurrent migration drops.
+        "SELECT to_regprocedure('inbox_key_digest(text,text)') IS NOT NULL AS function, \
+         EXISTS (SELECT FROM pg_depend WHERE classid = 'pg_class'::regclass \
+         AND objid = to_regclass('ux_inbox_message_consumer') \
+         AND refclassid = 'pg_proc'::regclass \
+         AND refobjid = to_regprocedure('inbox_key_digest(text,text)')) AS index",
+    )
+    .get_result(conn)
+    .await
+}
+
+/// Runs the `key_digest` migration where its function or index is missing. An empty
+/// inbox gets the digest's index at once; one with markers keeps 0.2's, which only
+/// [`upgrade_unique_index`] replaces without stopping the handlers.
+pub(super) async fn migrate_key_digest<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    let state = digest_state(conn).await?;
+    if state.function && state.index {
+        return Ok(());
+    }
+    // One simple query is one transaction: the lock serialises concurrent migrations.
+    conn.batch_execute(&format!(
+        "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {KEY_DIGEST}"
+    ))
+    .await?;
+    if !digest_state(conn).await?.index {
+        tracing::warn!(
+            target: "diesel_inbox",
+            "the inbox's unique index is diesel-inbox 0.2's, on both texts of each marker \
+             (about 88 bytes a marker): call `diesel_inbox::upgrade_unique_index` once to \
+             replace it, while handlers run, with one on their digest (about 40 bytes)"
+        );
+    }
+    Ok(())
+}
+
+/// Replaces 0.2's unique index by the digest's, without stopping the handlers:
+///
+/// 1. builds the new index `CONCURRENTLY` beside the old one, so that inserts go on
+///    while it reads the table and both indexes guard them once it is done;
+/// 2. swaps the names in a transaction that waits at most [`SWAP_LOCK_TIMEOUT`] for its
+///    locks, and tries again after a pause when it times out;
+/// 3. drops the old index `CONCURRENTLY`.
+///
+/// Each step can be run again: an upgrade cut short is finished by the next call.
+pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    migrate_key_digest(conn).await?;
+    let upgrade = if digest_state(conn).await?.index {
+        IndexUpgrade::Current
+    } else {
+        build(conn).await?;
+        swap(conn).await?;
+        IndexUpgrade::Rebuilt
+    };
+    conn.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {RETIRED}"))
+        .await?;
+    Ok(upgrade)
+}
+
+/// Builds the digest's index under [`BUILDING`], beside 0.2's. A build cut short leaves
+/// an invalid index behind, which is dropped and built again.
+async fn build<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Invalid {
+        #[diesel(sql_type = Bool)]
+        invalid: bool,
+    }
+    let Invalid { invalid } = diesel::sql_query(format!(
+        "SELECT COALESCE((SELECT NOT indisvalid FROM pg_index \
+         WHERE indexrelid = to_regclass('{BUILDING}')), false) AS invalid"
+    ))
+    .get_result(conn)
+    .await?;
+    if invalid {
+        conn.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {BUILDING}"))
+            .await?;
+    }
+    conn.batch_execute(&format!(
+        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {BUILDING} \
+         ON inbox (inbox_key_digest(consumer, message_id))"
+    ))
+    .await
+}
+
+/// Gives the digest's index the contract's name, and 0.2's the name [`RETIRED`], in one
+/// transaction: `ALTER INDEX … RENAME` takes no lock that blocks inserts, only one that
+/// waits for other schema changes, and [`SWAP_LOCK_TIMEOUT`] bounds that.
+async fn swap<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    let swap = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'; \
+         ALTER INDEX ux_inbox_message_consumer RENAME TO {RETIRED}; \
+         ALTER INDEX {BUILDING} RENAME TO ux_inbox_message_consumer; COMMIT"
+    );
+    let mut attempt = 1;
+    loop {
+        match conn.batch_execute(&swap).await {
+            Ok(()) => return Ok(()),
+            Err(error) => {
+                // The batch stopped at its error, inside the transaction it began.
+                conn.batch_execute("ROLLBACK").await?;
+                if attempt == SWAP_ATTEMPTS || !is_lock_timeout(&error) {
+                    return Err(error);
+                }
+            }
+        }
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// 55P03 as diesel-async reports it: `Unknown`, with the message alone.
+fn is_lock_timeout(error: &diesel::result::Error) -> bool {
+    matches!(
+        error,
+        diesel::result::Error::DatabaseError(_, info)
+            if info.message().starts_with("canceling statement due to lock timeout")
+    )
+}
