@@ -160,8 +160,12 @@ pub trait OutboxStatements: diesel::backend::Backend + Sized {
     where
         C: AsyncConnection<Backend = Self>;
 
-    /// Deletes parked message `id`; `false` if it is not parked.
-    fn discard<C>(conn: &mut C, id: i64) -> impl Future<Output = QueryResult<bool>> + Send
+    /// Deletes parked message `id`, returning its ordering key; `None` if it is not
+    /// parked.
+    fn discard<C>(
+        conn: &mut C,
+        id: i64,
+    ) -> impl Future<Output = QueryResult<Option<DeletedKey>>> + Send
     where
         C: AsyncConnection<Backend = Self>;
 

@@ -213,12 +213,19 @@ where
 
 /// Deletes the parked message in row `row_id`, which is then never published, and lets
 /// the later messages of its ordering key go; `false` if no parked message is there.
+/// The key's own row goes with its last message.
 pub async fn discard<C>(conn: &mut C, row_id: i64) -> QueryResult<bool>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    C::Backend::discard(conn, row_id).await
+    let Some(discarded) = C::Backend::discard(conn, row_id).await? else {
+        return Ok(false);
+    };
+    if let Some(ordering_key) = discarded.ordering_key {
+        C::Backend::delete_idle_keys(conn, vec![ordering_key]).await?;
+    }
+    Ok(true)
 }
 
 /// A duration in whole microseconds, as the statements take it; at least one, and

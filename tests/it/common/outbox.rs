@@ -542,10 +542,22 @@ pub async fn failed_publishes_are_retried_or_parked<D: TestDb>(db: D) {
             .await
             .expect("discard twice")
     );
+    let key_rows = "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'a'";
+    assert_eq!(count(&mut conn, key_rows).await, 1, "a2 still numbers after it");
     let next = take_one(&mut conn)
         .await
         .expect("a2 goes once a1 is discarded");
     assert_eq!(next.message().payload(), b"a2");
+
+    // Discarding a key's last message deletes the key's row too.
+    let lonely = OutboxMessage::new("accounts", b"l1".to_vec()).ordering_key("lonely");
+    outbox::enqueue(&mut conn, lonely).await.expect("enqueue");
+    let lonely = take_one(&mut conn).await.expect("l1 is due");
+    let lonely_row = lonely.message().row_id();
+    assert!(lonely.park(&mut conn, "unroutable").await.expect("park"));
+    assert!(outbox::discard(&mut conn, lonely_row).await.expect("discard"));
+    let lonely_key = "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'lonely'";
+    assert_eq!(count(&mut conn, lonely_key).await, 0);
 
     // A relay whose lease ended cannot settle what another relay took since.
     let lease = Duration::from_millis(200);

@@ -201,16 +201,13 @@ impl OutboxStatements for Mysql {
         Ok(ended(conn, updated).await? == 1)
     }
 
-    async fn discard<C>(conn: &mut C, id: i64) -> QueryResult<bool>
+    async fn discard<C>(conn: &mut C, id: i64) -> QueryResult<Option<DeletedKey>>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = "DELETE FROM inbox_outbox WHERE id = ? AND parked AND sent_at IS NULL";
         C::TransactionManager::begin_transaction(conn).await?;
-        let deleted = Prepared(diesel::sql_query(sql).bind::<BigInt, _>(id))
-            .execute(conn)
-            .await;
-        Ok(ended(conn, deleted).await? == 1)
+        let deleted = discard_in_transaction(conn, id).await;
+        ended(conn, deleted).await
     }
 
     async fn delete_sent<C>(
@@ -319,6 +316,32 @@ where
             ordering_key: row.ordering_key,
         })
         .collect())
+}
+
+/// Locks parked message `id` and reads its ordering key, then deletes it: MySQL has no
+/// `DELETE … RETURNING`.
+async fn discard_in_transaction<C>(conn: &mut C, id: i64) -> QueryResult<Option<DeletedKey>>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let parked: Vec<SentRow> = Prepared(
+        diesel::sql_query(
+            "SELECT id, ordering_key FROM inbox_outbox \
+             WHERE id = ? AND parked AND sent_at IS NULL FOR UPDATE",
+        )
+        .bind::<BigInt, _>(id),
+    )
+    .load(conn)
+    .await?;
+    let Some(parked) = parked.into_iter().next() else {
+        return Ok(None);
+    };
+    Prepared(diesel::sql_query("DELETE FROM inbox_outbox WHERE id = ?").bind::<BigInt, _>(id))
+        .execute(conn)
+        .await?;
+    Ok(Some(DeletedKey {
+        ordering_key: parked.ordering_key,
+    }))
 }
 
 async fn delete_idle_keys_in_transaction<C>(

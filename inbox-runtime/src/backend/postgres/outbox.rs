@@ -233,19 +233,20 @@ impl OutboxStatements for Pg {
         Ok(updated == 1)
     }
 
-    async fn discard<C>(conn: &mut C, id: i64) -> QueryResult<bool>
+    async fn discard<C>(conn: &mut C, id: i64) -> QueryResult<Option<DeletedKey>>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let deleted = Prepared(
+        let deleted: Vec<DeletedKey> = Prepared(
             diesel::sql_query(
-                "DELETE FROM inbox_outbox WHERE id = $1 AND parked AND sent_at IS NULL",
+                "DELETE FROM inbox_outbox WHERE id = $1 AND parked AND sent_at IS NULL \
+                 RETURNING convert_to(ordering_key, 'UTF8') AS ordering_key",
             )
             .bind::<BigInt, _>(id),
         )
-        .execute(conn)
+        .load(conn)
         .await?;
-        Ok(deleted == 1)
+        Ok(deleted.into_iter().next())
     }
 
     async fn delete_sent<C>(
