@@ -98,6 +98,71 @@ async fn retries_what_may_pass_and_parks_what_never_will() {
     db.cleanup().await.unwrap();
 }
 
+/// With the `metrics` feature the relay counts each message it settles by outcome, a
+/// message retried and then sent in both, and records how long each publish took.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_relay_counts_what_it_settles() {
+    use std::collections::HashMap;
+
+    use diesel_inbox::metrics::{OUTBOX_MESSAGES, OUTBOX_PUBLISH_DURATION};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let (db, mut conn) = outbox_with("relay_metrics", &["a", "refuse-b", "never-c", "d"]).await;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // The test's runtime has one thread, which the relay's task runs on too.
+    let guard = metrics::set_default_local_recorder(&recorder);
+    let broker: &'static Recorder = Box::leak(Box::default());
+    let relay = Relay::spawn(db.clone(), broker, eager());
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let unsettled = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL AND parked = 0";
+        while count(&mut conn, unsettled).await > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every message is sent or parked");
+    relay.shut_down().await;
+    drop(guard);
+
+    let mut settled = HashMap::new();
+    let mut publishes = HashMap::new();
+    for (key, _unit, description, value) in snapshotter.snapshot().into_vec() {
+        assert!(description.is_some(), "{key:?} is described");
+        let labels: Vec<_> = key.key().labels().collect();
+        assert_eq!(labels.len(), 1, "the outcome only: {labels:?}");
+        let outcome = labels[0].value().to_owned();
+        match (key.key().name(), value) {
+            (OUTBOX_MESSAGES, DebugValue::Counter(count)) => {
+                settled.insert(outcome, count);
+            }
+            (OUTBOX_PUBLISH_DURATION, DebugValue::Histogram(values)) => {
+                publishes.insert(outcome, values.len());
+            }
+            other => panic!("unexpected metric {other:?}"),
+        }
+    }
+    let expected = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+        pairs
+            .iter()
+            .map(|(outcome, count)| ((*outcome).to_owned(), *count))
+            .collect()
+    };
+    settled.retain(|_, count| *count > 0);
+    assert_eq!(
+        settled,
+        expected(&[("sent", 3), ("retried", 1), ("parked", 1)])
+    );
+    let publishes: HashMap<String, u64> = publishes
+        .into_iter()
+        .map(|(outcome, count)| (outcome, count as u64))
+        .collect();
+    assert_eq!(publishes, expected(&[("confirmed", 3), ("failed", 2)]));
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
 /// Shutting down in the middle of a publish lets it finish and be marked sent, rather
 /// than leaving it leased for another relay to publish again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

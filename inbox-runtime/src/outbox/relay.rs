@@ -8,6 +8,7 @@ use diesel_async::AsyncConnection;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 
 use super::pruning::{BATCH, prune_sent_batch};
 use super::{PublishError, Publisher, Taken, sent_all, take};
@@ -239,9 +240,24 @@ async fn relay<S, P>(
                 }
             }
         }
-        match round(conn, &publisher, &settings).await {
-            Ok(taken) if taken == settings.batch => {}
-            Ok(_) => pause(&stopped, settings.poll_interval).await,
+        let span = tracing::debug_span!(
+            target: "diesel_inbox",
+            "outbox.round",
+            outbox.taken = tracing::field::Empty,
+            outbox.sent = tracing::field::Empty,
+            outbox.retried = tracing::field::Empty,
+            outbox.parked = tracing::field::Empty,
+        );
+        match round(conn, &publisher, &settings)
+            .instrument(span.clone())
+            .await
+        {
+            Ok(settled) => {
+                settled.report(&span);
+                if settled.taken < settings.batch {
+                    pause(&stopped, settings.poll_interval).await;
+                }
+            }
             Err(error) => {
                 tracing::warn!(
                     target: "diesel_inbox",
@@ -255,45 +271,105 @@ async fn relay<S, P>(
     }
 }
 
-/// Takes, publishes and settles one batch; returns how many messages it took.
+/// What one round did with the messages it took.
+#[derive(Debug, Clone, Copy, Default)]
+struct Settled {
+    taken: usize,
+    sent: usize,
+    retried: usize,
+    parked: usize,
+}
+
+impl Settled {
+    /// On the round's span, and as an event for subscribers that show no span closes;
+    /// an empty poll says nothing.
+    fn report(self, span: &tracing::Span) {
+        span.record("outbox.taken", self.taken);
+        span.record("outbox.sent", self.sent);
+        span.record("outbox.retried", self.retried);
+        span.record("outbox.parked", self.parked);
+        if self.taken > 0 {
+            tracing::debug!(
+                target: "diesel_inbox",
+                parent: span,
+                {
+                    outbox.taken = self.taken,
+                    outbox.sent = self.sent,
+                    outbox.retried = self.retried,
+                    outbox.parked = self.parked,
+                },
+                "relayed a round of outbox messages"
+            );
+        }
+    }
+}
+
+/// Takes, publishes and settles one batch.
 async fn round<C, P>(
     conn: &mut C,
     publisher: &P,
     settings: &RelaySettings,
-) -> diesel::QueryResult<usize>
+) -> diesel::QueryResult<Settled>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
     P: Publisher,
 {
     let taken = take(conn, settings.lease, settings.batch).await?;
-    let count = taken.len();
+    let mut settled = Settled {
+        taken: taken.len(),
+        ..Settled::default()
+    };
     let published = join_all(taken.iter().map(|taken| async {
-        match tokio::time::timeout(settings.publish_timeout, publisher.publish(taken.message()))
-            .await
-        {
-            Ok(published) => published,
-            Err(elapsed) => Err(PublishError::retryable(elapsed)),
-        }
+        let started = Instant::now();
+        let published =
+            tokio::time::timeout(settings.publish_timeout, publisher.publish(taken.message()))
+                .await;
+        let (published, outcome) = match published {
+            Ok(Ok(())) => (Ok(()), "confirmed"),
+            Ok(Err(error)) => (Err(error), "failed"),
+            Err(elapsed) => (Err(PublishError::retryable(elapsed)), "timed_out"),
+        };
+        (published, (outcome, started.elapsed()))
     }))
     .await;
-    let mut sent = Vec::with_capacity(count);
+    let (published, durations): (Vec<_>, Vec<_>) = published.into_iter().unzip();
+    let mut sent = Vec::with_capacity(settled.taken);
     for (taken, published) in taken.into_iter().zip(published) {
         match published {
             Ok(()) => sent.push(taken),
-            Err(error) => settle_failure(conn, taken, error, settings).await?,
+            Err(error) => {
+                if settle_failure(conn, taken, error, settings).await? {
+                    settled.parked += 1;
+                } else {
+                    settled.retried += 1;
+                }
+            }
         }
     }
+    settled.sent = sent.len();
     sent_all(conn, sent).await?;
-    Ok(count)
+    #[cfg(feature = "metrics")]
+    crate::metrics::record_round(
+        [
+            ("sent", settled.sent),
+            ("retried", settled.retried),
+            ("parked", settled.parked),
+        ],
+        durations.into_iter(),
+    );
+    #[cfg(not(feature = "metrics"))]
+    let _ = durations;
+    Ok(settled)
 }
 
+/// Parks a message that cannot be published (`true`), or schedules it again.
 async fn settle_failure<C>(
     conn: &mut C,
     taken: Taken,
     error: PublishError,
     settings: &RelaySettings,
-) -> diesel::QueryResult<()>
+) -> diesel::QueryResult<bool>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -304,7 +380,7 @@ where
             { outbox.message_id = taken.message().message_id(), error = %error },
             "parked an outbox message that cannot be published"
         );
-        return taken.park(conn, &error).await.map(drop);
+        return taken.park(conn, &error).await.map(|_| true);
     }
     let delay = settings.retry_delay(taken.message().attempts(), &error);
     tracing::warn!(
@@ -317,7 +393,7 @@ where
         },
         "an outbox message's publish failed; retrying later"
     );
-    taken.retry_later(conn, delay, &error).await.map(drop)
+    taken.retry_later(conn, delay, &error).await.map(|_| false)
 }
 
 /// Waits `delay`, or less if the relay is shut down meanwhile.

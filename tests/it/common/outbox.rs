@@ -543,7 +543,11 @@ pub async fn failed_publishes_are_retried_or_parked<D: TestDb>(db: D) {
             .expect("discard twice")
     );
     let key_rows = "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'a'";
-    assert_eq!(count(&mut conn, key_rows).await, 1, "a2 still numbers after it");
+    assert_eq!(
+        count(&mut conn, key_rows).await,
+        1,
+        "a2 still numbers after it"
+    );
     let next = take_one(&mut conn)
         .await
         .expect("a2 goes once a1 is discarded");
@@ -555,7 +559,11 @@ pub async fn failed_publishes_are_retried_or_parked<D: TestDb>(db: D) {
     let lonely = take_one(&mut conn).await.expect("l1 is due");
     let lonely_row = lonely.message().row_id();
     assert!(lonely.park(&mut conn, "unroutable").await.expect("park"));
-    assert!(outbox::discard(&mut conn, lonely_row).await.expect("discard"));
+    assert!(
+        outbox::discard(&mut conn, lonely_row)
+            .await
+            .expect("discard")
+    );
     let lonely_key = "SELECT COUNT(*) FROM inbox_outbox_keys WHERE ordering_key = 'lonely'";
     assert_eq!(count(&mut conn, lonely_key).await, 0);
 
