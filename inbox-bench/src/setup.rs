@@ -170,7 +170,8 @@ pub async fn prefill<C: BenchConnection>(
     bar.set_message("rebuilding the unique index");
     let key = match C::BACKEND {
         Backend::Postgres => "inbox_key_digest(consumer, message_id)",
-        Backend::Mysql | Backend::Sqlite => "message_id, consumer",
+        Backend::Mysql => "key_digest",
+        Backend::Sqlite => "message_id, consumer",
     };
     conn.batch_execute(&format!(
         "CREATE UNIQUE INDEX {INDEX_NAME} ON inbox ({key})"

@@ -104,6 +104,8 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
     } else if postgres::is_transient(message)
         || mysql::is_transient(message)
         || sqlite::is_transient(message)
+        || postgres::lacks_key_digest(message)
+        || mysql::lacks_key_digest(message)
     {
         Some(ErrorClass::Transient)
     } else {
@@ -171,6 +173,23 @@ mod tests {
 
     fn unknown(message: &'static str) -> ErrorClass {
         classify(&error(DatabaseErrorKind::Unknown, message, None))
+    }
+
+    /// An instance of this version meets an inbox not yet migrated to the key's digest
+    /// while instances upgrade: the delivery is retried, never dead-lettered.
+    #[test]
+    fn a_missing_key_digest_is_retried() {
+        let pg = "function inbox_key_digest(text, text) does not exist";
+        let pg_spanish = "la función inbox_key_digest(text, text) no existe";
+        let mariadb = "Unknown column 'key_digest' in 'WHERE'";
+        let mariadb_german = "Unbekanntes Tabellenfeld 'key_digest' in WHERE";
+        for message in [pg, pg_spanish, mariadb, mariadb_german] {
+            assert_eq!(unknown(message), ErrorClass::Transient, "{message}");
+        }
+        assert_eq!(
+            unknown("function other_digest(text) does not exist"),
+            ErrorClass::Permanent
+        );
     }
 
     #[test]

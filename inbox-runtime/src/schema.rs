@@ -5,7 +5,8 @@
 //! [`INDEX_NAME`] on (`message_id`, `consumer`) is what makes processing exactly-once:
 //! the database, not a read-then-write check, decides which delivery wins. On
 //! PostgreSQL it is on `inbox_key_digest(consumer, message_id)`, a 16-byte digest of the
-//! two, and the crate compares the stored key whenever an insert meets a marker.
+//! two, on MySQL/MariaDB on the virtual column `key_digest`, the same digest; the crate
+//! compares the stored key whenever an insert meets a marker.
 //!
 //! The SQL for each backend ships as diesel-CLI migration folders under `migrations/`
 //! in this crate's repository, and [`migrate`](crate::migrate) runs the same SQL.

@@ -16,10 +16,10 @@ use tokio::sync::Notify;
 use common::{Credit, Gate, TestDb, bounded};
 
 #[derive(Clone)]
-struct MysqlDb(TestDatabase<AsyncMysqlConnection>);
+pub(crate) struct MysqlDb(TestDatabase<AsyncMysqlConnection>);
 
 /// The test's database, or `None` when the suite is skipped.
-async fn create(test: &str) -> Option<MysqlDb> {
+pub(crate) async fn create(test: &str) -> Option<MysqlDb> {
     let url = common::server_url("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
     let db = TestDatabase::mysql(&url, test).await;
     Some(MysqlDb(db.expect("create the test database")))

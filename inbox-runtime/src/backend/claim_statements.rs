@@ -169,8 +169,8 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
 /// id, the consumer and, where given, the holder's token, in that order: `Ok(true)` when
 /// it matched the row. A macro rather than a generic function: diesel names neither the
 /// bound query's type nor the backend trait that such a function's bounds would need.
-/// (PostgreSQL binds the key as bytes instead, with a macro of its own.)
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// (PostgreSQL binds the key as bytes, and MySQL with its digest, with macros of their own.)
+#[cfg(feature = "sqlite")]
 macro_rules! update_claim {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
         let query = $crate::backend::prepared::Prepared(::diesel::sql_query($sql)
@@ -181,5 +181,5 @@ macro_rules! update_claim {
         Ok(updated == 1)
     }};
 }
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "sqlite")]
 pub(crate) use update_claim;

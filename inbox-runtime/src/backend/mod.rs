@@ -13,8 +13,9 @@
 //! | `outbox.rs` | the outbox's statements |
 //! | `testing.rs` | the test database: a schema, a database or a file per test |
 //! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
-//! | `markers.rs`, `pipeline.rs` (PostgreSQL) | the marker's statements, keys bound as bytes; BEGIN and the insert in one round trip |
-//! | `upgrade.rs` (PostgreSQL) | the unique index on the key's digest, and the upgrade of 0.2's |
+//! | `markers.rs` (PostgreSQL, MySQL) | a marker found by its key through the digest's index or 0.2's, and a duplicate told from a collision; on PostgreSQL also the marker's statements, keys bound as bytes |
+//! | `pipeline.rs` (PostgreSQL) | BEGIN and the insert in one round trip |
+//! | `upgrade.rs` (PostgreSQL, MySQL) | the unique index on the key's digest, and the upgrade of 0.2's |
 //!
 //! A fourth database is one more folder: implement the two traits and the test database,
 //! add its error recognition to [`classify`](crate::classify).
@@ -155,6 +156,47 @@ pub(crate) fn committed_early() -> diesel::result::Error {
              move that statement out of the handler and reconcile this message by hand",
         )),
     )
+}
+
+/// The error for a key whose insert met a marker that is not its own, by the unique
+/// index on the key's digest: a [`KeyCollision`](crate::KeyCollision) with the key and
+/// consumer of the marker holding the digest, as read back; or, when none holds it any
+/// more, a transient error, since a pruner deleted the marker met in between and a
+/// redelivery inserts.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn met_another_marker(
+    message_id: &str,
+    consumer: &str,
+    holder: Option<(Vec<u8>, Vec<u8>)>,
+) -> diesel::result::Error {
+    match holder {
+        Some((stored_message_id, stored_consumer)) => crate::KeyCollision {
+            message_id: message_id.to_owned(),
+            consumer: consumer.to_owned(),
+            stored_message_id: String::from_utf8_lossy(&stored_message_id).into_owned(),
+            stored_consumer: String::from_utf8_lossy(&stored_consumer).into_owned(),
+        }
+        .into(),
+        None => diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::SerializationFailure,
+            Box::new(String::from(
+                "the marker this message's insert met was deleted (pruned) before it \
+                 could be compared: nothing was written, and a redelivery processes it",
+            )),
+        ),
+    }
+}
+
+/// Said where `migrate` leaves an inbox with markers on 0.2's unique index, whose
+/// markers take `old` bytes against the digest's `new`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn warn_of_the_index_of_0_2(old: u32, new: u32) {
+    tracing::warn!(
+        target: "diesel_inbox",
+        "the inbox's unique index is diesel-inbox 0.2's, on both texts of each marker \
+         (about {old} bytes a marker): call `diesel_inbox::upgrade_unique_index` once to \
+         replace it, while handlers run, with one on their digest (about {new} bytes)"
+    );
 }
 
 /// Rolls back the transaction that `error` ended the use of, and returns `error`: it
@@ -427,8 +469,8 @@ pub(crate) mod sealed {
             C: AsyncConnection<Backend = Self>;
 
         /// Replaces an older version's unique index by the current one, while handlers
-        /// run: see [`upgrade_unique_index`](crate::upgrade_unique_index). Only
-        /// PostgreSQL's index has changed.
+        /// run: see [`upgrade_unique_index`](crate::upgrade_unique_index). SQLite's index
+        /// has not changed.
         fn upgrade_unique_index<C>(
             conn: &mut C,
         ) -> impl Future<Output = QueryResult<crate::schema::IndexUpgrade>> + Send

@@ -10,9 +10,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{
-    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
-};
+use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
 use crate::enclosing::{Enclosing, enclosing_transaction};
@@ -21,8 +19,21 @@ use crate::enclosing::{Enclosing, enclosing_transaction};
 const STALE: &str =
     "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= NOW(6))";
 
-/// The claim a conditional update is about, by the placeholders after its `SET`.
-const BY_KEY: &str = "WHERE message_id = ? AND consumer = ?";
+// The claim a conditional update is about, by the four placeholders after its `SET`.
+use super::markers::{BY_KEY, bind_key};
+
+/// A conditional update of the claim [`BY_KEY`] names, still held by `token` where given;
+/// whether it updated the row.
+macro_rules! update_claim_by_key {
+    ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
+        let query = Prepared(
+            bind_key!(diesel::sql_query($sql), $key.message_id, $key.consumer)
+                $(.bind::<Text, _>($token))?
+        );
+        let updated = query.execute($conn).await?;
+        Ok(updated == 1)
+    }};
+}
 
 /// Still held by the token in the next placeholder, even past its lease.
 const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
@@ -68,7 +79,14 @@ impl ClaimStatements for Mysql {
         // which always comes next, commits.
         match conn.batch_execute(&batch).await {
             Ok(()) => Ok(true),
-            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                let ClaimKey {
+                    message_id,
+                    consumer,
+                } = &claim.key;
+                super::markers::confirm_duplicate(conn, message_id, consumer).await?;
+                Ok(false)
+            }
             Err(other) => Err(other),
         }
     }
@@ -104,15 +122,17 @@ impl ClaimStatements for Mysql {
         // for the first, then finds the attempt count moved on. Affected rows count
         // matched rows here (CLIENT_FOUND_ROWS), and a match always changes the row.
         let taken = Prepared(
-            diesel::sql_query(format!(
-                "UPDATE inbox SET claim_token = ?, \
+            bind_key!(
+                diesel::sql_query(format!(
+                    "UPDATE inbox SET claim_token = ?, \
              lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
              {BY_KEY} AND attempts = ? AND {STALE}"
-            ))
-            .bind::<Text, _>(claim.token)
-            .bind::<BigInt, _>(claim.lease_micros)
-            .bind::<Text, _>(claim.key.message_id)
-            .bind::<Text, _>(claim.key.consumer)
+                ))
+                .bind::<Text, _>(claim.token)
+                .bind::<BigInt, _>(claim.lease_micros),
+                claim.key.message_id,
+                claim.key.consumer
+            )
             .bind::<Integer, _>(seen_attempts),
         )
         .execute(&mut *conn)
@@ -125,7 +145,7 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
-        let updated = update_claim!(&mut *conn, &sql, key, token);
+        let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
         committed(conn, updated).await
     }
 
@@ -133,13 +153,18 @@ impl ClaimStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let renewed = Prepared(diesel::sql_query(format!(
-            "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND {BY_KEY} AND {HELD}"
-        ))
-        .bind::<BigInt, _>(claim.lease_micros)
-        .bind::<Text, _>(claim.key.message_id)
-        .bind::<Text, _>(claim.key.consumer)
-        .bind::<Text, _>(claim.token))
+        let renewed = Prepared(
+            bind_key!(
+                diesel::sql_query(format!(
+                    "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND \
+                     {BY_KEY} AND {HELD}"
+                ))
+                .bind::<BigInt, _>(claim.lease_micros),
+                claim.key.message_id,
+                claim.key.consumer
+            )
+            .bind::<Text, _>(claim.token),
+        )
         .execute(&mut *conn)
         .await;
         committed(conn, renewed.map(|rows| rows == 1)).await
@@ -150,7 +175,7 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        let updated = update_claim!(&mut *conn, &sql, key, token);
+        let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
         committed(conn, updated).await
     }
 
@@ -173,7 +198,7 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
-        let updated = update_claim!(&mut *conn, &sql, key);
+        let updated = update_claim_by_key!(&mut *conn, &sql, key);
         committed(conn, updated).await
     }
 
@@ -182,28 +207,28 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
-        let updated = update_claim!(&mut *conn, &sql, key);
+        let updated = update_claim_by_key!(&mut *conn, &sql, key);
         committed(conn, updated).await
     }
 }
 
-/// The claim as [`ClaimStatements::read_marker`] reads it.
+/// The claim as [`ClaimStatements::read_marker`] reads it, [`BY_KEY`]'s placeholders last.
 const READ_MARKER: &str = "SELECT lease_ends_at IS NULL AS completed, \
      COALESCE(claim_token IS NOT NULL AND lease_ends_at > NOW(6), FALSE) AS live, \
      lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_ends_at) AS lease_remaining_micros, \
-     attempts, fingerprint FROM inbox WHERE message_id = ? AND consumer = ?";
+     attempts, fingerprint FROM inbox ";
 
 /// Runs `sql`, [`READ_MARKER`] or a form of it, then commits.
 async fn read_claim_row<C>(conn: &mut C, key: ClaimKey, sql: &str) -> QueryResult<Option<ClaimRow>>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let rows = Prepared(
-        diesel::sql_query(sql)
-            .bind::<Text, _>(key.message_id)
-            .bind::<Text, _>(key.consumer),
-    )
+    let rows = Prepared(bind_key!(
+        diesel::sql_query(format!("{sql}{BY_KEY}")),
+        key.message_id,
+        key.consumer
+    ))
     .load::<ClaimRow>(&mut *conn)
     .await;
     committed(conn, rows.map(|rows| rows.into_iter().next())).await

@@ -1,5 +1,9 @@
 //! MySQL and MariaDB.
 //!
+//! The unique index is on `key_digest`, a virtual column holding a 128-bit digest of
+//! (consumer, key) (`upgrade.rs`); a 1062 on it is confirmed by reading the key back
+//! (`markers.rs`).
+//!
 //! The marker is a plain `INSERT`: a duplicate raises 1062, which rolls back only that
 //! statement. diesel's `on_conflict_do_nothing` cannot be used: on MySQL it becomes
 //! `ON DUPLICATE KEY UPDATE id = id`, which reports one affected row for a new row and for
@@ -124,6 +128,14 @@ pub(crate) fn is_read_only(message: &str) -> bool {
         })
 }
 
+/// 1054 for the digest's column, on an inbox that this version's `migrate` has not
+/// reached yet (instances upgrading one by one, or a migration not yet applied):
+/// retried, since the next delivery finds it migrated. Every server language quotes the
+/// column's name.
+pub(crate) fn lacks_key_digest(message: &str) -> bool {
+    message.contains("'key_digest'")
+}
+
 /// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
 /// retry: lock conflicts and interrupted waits in any server language, and a
 /// transaction rolled back under a nested savepoint.
@@ -162,8 +174,12 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 #[cfg(feature = "mysql")]
 mod claims;
 #[cfg(feature = "mysql")]
+mod markers;
+#[cfg(feature = "mysql")]
 mod outbox;
 #[cfg(feature = "mysql")]
 mod statements;
 #[cfg(all(feature = "mysql", feature = "testing"))]
 pub(crate) mod testing;
+#[cfg(feature = "mysql")]
+mod upgrade;

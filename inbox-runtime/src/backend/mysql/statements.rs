@@ -19,6 +19,8 @@ use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{end_unless_inserted, enter_transaction, roll_back_for};
 use crate::schema::INDEX_NAME;
 
+use super::markers::{self, BY_KEY};
+
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
 /// the marker insert, so that the savepoint can only name the marker's transaction.
 /// On a Galera node another node's commit can abort the transaction from outside, and
@@ -88,13 +90,15 @@ impl sealed::Sealed for Mysql {
             hex_digits(&marker.message_id),
             hex_digits(marker.consumer),
         );
+        let (message_id, consumer) = (marker.message_id.clone(), marker.consumer);
         async move {
             enter_transaction(conn)?;
             match conn.batch_execute(&batch).await {
                 Ok(()) => Ok(true),
                 // Only the insert writes to a unique index, and the batch stops there.
                 Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    end_unless_inserted(conn, Ok(false)).await
+                    let met = markers::confirm_duplicate(conn, &message_id, consumer).await;
+                    end_unless_inserted(conn, met.map(|()| false)).await
                 }
                 // A Galera abort can turn the last statement's success into 1213 after
                 // it turned autocommit off: restoring is harmless where it did not.
@@ -118,9 +122,13 @@ impl sealed::Sealed for Mysql {
         let fingerprint = marker.fingerprint.clone();
         async move {
             let inserted = match fingerprint {
-                None => plain_insert(message_id, consumer).execute(&mut *conn).await,
+                None => {
+                    plain_insert(message_id.clone(), consumer)
+                        .execute(&mut *conn)
+                        .await
+                }
                 Some(fingerprint) => {
-                    fingerprinted_insert(message_id, consumer, fingerprint)
+                    fingerprinted_insert(message_id.clone(), consumer, fingerprint)
                         .execute(&mut *conn)
                         .await
                 }
@@ -129,7 +137,10 @@ impl sealed::Sealed for Mysql {
                 Ok(_) => Ok(true),
                 // Our own statement on our own table: its only unique index besides the
                 // auto-increment key is the inbox's, whatever language the message is in.
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                    markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    Ok(false)
+                }
                 Err(other) => Err(other),
             }
         }
@@ -163,16 +174,15 @@ impl sealed::Sealed for Mysql {
             return Err(roll_back_for(conn, error).await);
         }
         let new = match insert_batch_markers(conn, consumer, message_ids).await {
-            Ok((new, Some(last_new))) => Prepared(
-                diesel::sql_query(concat!(
-                    "SET ",
+            Ok((new, Some(last_new))) => Prepared(markers::bind_key!(
+                diesel::sql_query(format!(
+                    "SET {} = (SELECT id FROM inbox {BY_KEY}), {}",
                     marker_id!(),
-                    " = (SELECT id FROM inbox WHERE message_id = ? AND consumer = ?), ",
                     session_for_the_body!()
-                ))
-                .bind::<Text, _>(last_new)
-                .bind::<Text, _>(consumer),
-            )
+                )),
+                last_new,
+                consumer.to_owned()
+            ))
             .execute(&mut *conn)
             .await
             .map(|_| new),
@@ -283,18 +293,25 @@ impl sealed::Sealed for Mysql {
         // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
         // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
         // name" is success for us, so the columns are counted again.
-        if claim_columns_exist(conn).await? {
-            return Ok(());
+        if !claim_columns_exist(conn).await? {
+            match conn
+                .batch_execute(include_str!(
+                    "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
+                ))
+                .await
+            {
+                Err(_) if claim_columns_exist(conn).await? => {}
+                result => result?,
+            }
         }
-        match conn
-            .batch_execute(include_str!(
-                "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
-            ))
-            .await
-        {
-            Err(_) if claim_columns_exist(conn).await? => Ok(()),
-            result => result,
-        }
+        super::upgrade::migrate_key_digest(conn).await
+    }
+
+    async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        super::upgrade::upgrade_unique_index(conn).await
     }
 }
 
@@ -446,11 +463,16 @@ impl Query for CommittedMarkerExists {
 
 impl QueryFragment<Mysql> for CommittedMarkerExists {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        // As `markers::BY_KEY`, its placeholders pushed in order.
         out.push_sql("SELECT EXISTS (SELECT 1 FROM `inbox` WHERE `message_id` = ");
         out.push_bind_param::<Text, _>(&self.message_id)?;
         out.push_sql(" AND `consumer` = ");
         out.push_bind_param::<Text, _>(self.consumer)?;
-        out.push_sql(" LOCK IN SHARE MODE)");
+        out.push_sql(" AND `key_digest` = UNHEX(LEFT(SHA2(CONCAT(");
+        out.push_bind_param::<Text, _>(self.consumer)?;
+        out.push_sql(", 0x00, ");
+        out.push_bind_param::<Text, _>(&self.message_id)?;
+        out.push_sql("), 256), 32)) LOCK IN SHARE MODE)");
         Ok(())
     }
 }
@@ -496,7 +518,10 @@ where
                 .await
             {
                 Ok(_) => true,
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => false,
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                    markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    false
+                }
                 Err(other) => return Err(other),
             };
             if inserted {

@@ -21,6 +21,7 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, Bytea, Text, Untyped};
 use diesel_async::{AsyncConnectionCore, RunQueryDsl as _};
 
+use crate::backend::met_another_marker;
 use crate::backend::prepared::Prepared;
 use crate::backend::sealed::Marker;
 
@@ -308,10 +309,10 @@ where
     Err(collision(conn, &message_id, consumer).await)
 }
 
-/// The error for a key whose insert met a marker that is not its own: the marker holding
-/// its digest, read by the digest alone (only ever on an upgraded index, where that read
-/// has an index: 0.2's meets nothing but the key's own marker). When none holds it any
-/// more, a pruner deleted the marker met in between, and a redelivery inserts.
+/// The error for a key whose insert met a marker that is not its own (see
+/// [`met_another_marker`]): the marker holding its digest, read by the digest alone
+/// (only ever needed on an upgraded index, where that read has an index: 0.2's meets
+/// nothing but the key's own marker).
 async fn collision<C>(conn: &mut C, message_id: &str, consumer: &str) -> diesel::result::Error
 where
     C: AsyncConnectionCore<Backend = Pg>,
@@ -328,20 +329,13 @@ where
     )
     .load(conn)
     .await;
-    match holder.map(|rows| rows.into_iter().next()) {
-        Ok(Some(holder)) => crate::KeyCollision {
-            message_id: message_id.to_owned(),
-            consumer: consumer.to_owned(),
-            stored_message_id: String::from_utf8_lossy(&holder.message_id).into_owned(),
-            stored_consumer: String::from_utf8_lossy(&holder.consumer).into_owned(),
-        }
-        .into(),
-        Ok(None) => diesel::result::Error::DatabaseError(
-            diesel::result::DatabaseErrorKind::SerializationFailure,
-            Box::new(String::from(
-                "the marker this message's insert met was deleted (pruned) before it \
-                 could be compared: nothing was written, and a redelivery processes it",
-            )),
+    match holder {
+        Ok(rows) => met_another_marker(
+            message_id,
+            consumer,
+            rows.into_iter()
+                .next()
+                .map(|holder| (holder.message_id, holder.consumer)),
         ),
         Err(error) => error,
     }

@@ -48,6 +48,14 @@ pub(crate) fn is_transient(message: &str) -> bool {
     .any(|prefix| message.starts_with(prefix))
 }
 
+/// A statement that names the key's digest, on an inbox that this version's `migrate` has
+/// not reached yet (instances upgrading one by one, or a migration not yet applied):
+/// retried, since the next delivery finds it migrated. The function's name stands in
+/// the message in every server language.
+pub(crate) fn lacks_key_digest(message: &str) -> bool {
+    message.contains("inbox_key_digest(")
+}
+
 /// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
 /// `default_transaction_read_only` set during a failover. Another connection, or this
 /// one later, can take it.

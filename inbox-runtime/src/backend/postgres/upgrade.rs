@@ -75,12 +75,7 @@ where
     ))
     .await?;
     if !digest_state(conn).await?.index {
-        tracing::warn!(
-            target: "diesel_inbox",
-            "the inbox's unique index is diesel-inbox 0.2's, on both texts of each marker \
-             (about 88 bytes a marker): call `diesel_inbox::upgrade_unique_index` once to \
-             replace it, while handlers run, with one on their digest (about 40 bytes)"
-        );
+        crate::backend::warn_of_the_index_of_0_2(88, 41);
     }
     Ok(())
 }

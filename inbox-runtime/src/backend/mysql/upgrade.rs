@@ -1,0 +1,147 @@
+//! MySQL and MariaDB: the unique index on the key's digest, a virtual column, and the
+//! upgrade of 0.2's index on both texts while handlers run.
+//!
+//! The statements work with either index (see `markers.rs`), so an inbox can run on
+//! 0.2's until [`upgrade_unique_index`] swaps it.
+
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::mysql::Mysql;
+use diesel::sql_types::{BigInt, Bool};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use crate::schema::{INDEX_NAME, IndexUpgrade};
+
+const ADD_DIGEST_COLUMN: &str =
+    include_str!("../../../migrations/mysql/2026-12-05-000000_key_digest/up.sql");
+
+const SWAP_INDEX: &str =
+    include_str!("../../../migrations/mysql/2026-12-05-000001_key_digest_index/up.sql");
+
+/// Attempts at the swap, each waiting at most a second for the table's metadata lock,
+/// before the upgrade reports the time-out.
+const SWAP_ATTEMPTS: u32 = 30;
+
+/// What the session sees of the digest: its column, and whether the unique index is on
+/// it.
+#[derive(diesel::QueryableByName)]
+struct DigestState {
+    #[diesel(sql_type = Bool)]
+    column: bool,
+    #[diesel(sql_type = Bool)]
+    index: bool,
+}
+
+async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    diesel::sql_query(format!(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND column_name = 'key_digest') AS `column`, \
+         EXISTS (SELECT 1 FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND index_name = '{INDEX_NAME}' AND column_name = 'key_digest') AS `index`"
+    ))
+    .get_result(conn)
+    .await
+}
+
+/// Adds the digest's column where it is missing, and swaps the unique index onto it
+/// where the inbox is empty. One with markers keeps 0.2's index, which only
+/// [`upgrade_unique_index`] replaces while handlers run.
+pub(super) async fn migrate_key_digest<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let state = digest_state(conn).await?;
+    if !state.column {
+        // A concurrent migration's 1060 "Duplicate column name" is success for us.
+        match conn.batch_execute(ADD_DIGEST_COLUMN).await {
+            Err(_) if digest_state(conn).await?.column => {}
+            result => result?,
+        }
+    }
+    if state.index {
+        return Ok(());
+    }
+    #[derive(diesel::QueryableByName)]
+    struct Markers {
+        #[diesel(sql_type = BigInt)]
+        markers: i64,
+    }
+    let Markers { markers } =
+        diesel::sql_query("SELECT COUNT(*) AS markers FROM (SELECT 1 FROM inbox LIMIT 1) AS any")
+            .get_result(conn)
+            .await?;
+    if markers == 0 {
+        swap(conn).await
+    } else {
+        crate::backend::warn_of_the_index_of_0_2(86, 43);
+        Ok(())
+    }
+}
+
+/// Replaces 0.2's unique index by the digest's in one online `ALTER TABLE`, which
+/// builds the new index while inserts go on. It waits for the table's metadata lock at
+/// its start and end, and statements on the table queue behind it while it waits: a
+/// one-second `lock_wait_timeout` bounds that wait, and the swap is tried again.
+pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    migrate_key_digest(conn).await?;
+    if digest_state(conn).await?.index {
+        return Ok(IndexUpgrade::Current);
+    }
+    swap(conn).await?;
+    Ok(IndexUpgrade::Rebuilt)
+}
+
+/// [`SWAP_INDEX`], under a one-second `lock_wait_timeout` set for it alone.
+async fn swap<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    conn.batch_execute(
+        "SET @diesel_inbox_lock_wait_timeout = @@SESSION.lock_wait_timeout, \
+         SESSION lock_wait_timeout = 1",
+    )
+    .await?;
+    let swapped = swap_within_timeout(conn).await;
+    let restored = conn
+        .batch_execute(
+            "SET SESSION lock_wait_timeout = @diesel_inbox_lock_wait_timeout, \
+             @diesel_inbox_lock_wait_timeout = NULL",
+        )
+        .await;
+    swapped.and(restored)
+}
+
+async fn swap_within_timeout<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let mut attempt = 1;
+    loop {
+        match conn.batch_execute(SWAP_INDEX).await {
+            Ok(()) => return Ok(()),
+            // A concurrent swap got there first.
+            Err(_) if digest_state(conn).await?.index => return Ok(()),
+            Err(error) if attempt < SWAP_ATTEMPTS && is_transient(&error) => {}
+            Err(error) => return Err(error),
+        }
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A metadata lock wait that timed out, or another wait worth trying again.
+fn is_transient(error: &diesel::result::Error) -> bool {
+    matches!(
+        error,
+        diesel::result::Error::DatabaseError(_, info) if super::is_transient(info.message())
+    )
+}
