@@ -40,8 +40,7 @@ pub(super) const BEGIN_FLAGGED: &str = "BEGIN; SET LOCAL diesel_inbox.marker_tra
 const ON_CONFLICT: &str = " ON CONFLICT DO NOTHING";
 
 /// The row of the key whose UTF-8 bytes are bound as `$1`, and the consumer's as `$2`,
-/// found through the digest's index or 0.2's: [`push_by_key`] for statements written as
-/// text.
+/// found through the digest's index or 0.2's.
 pub(super) const BY_KEY: &str = "WHERE inbox_key_digest(consumer, message_id) = \
      inbox_key_digest(convert_from($2, 'UTF8'), convert_from($1, 'UTF8')) \
      AND message_id = convert_from($1, 'UTF8') AND consumer = convert_from($2, 'UTF8')";
@@ -108,64 +107,30 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
     }
 }
 
-/// Whether the key's marker is there: the fast path's read, one row with `found`.
-pub(super) struct MarkerExists<'m> {
-    message_id: &'m str,
-    consumer: &'m str,
-}
-
-pub(super) fn marker_exists<'m>(message_id: &'m str, consumer: &'m str) -> MarkerExists<'m> {
-    MarkerExists {
-        message_id,
-        consumer,
+/// Whether the key's marker is there: the fast path's read, and a conflict's check.
+pub(super) async fn marker_exists<C>(
+    conn: &mut C,
+    message_id: &str,
+    consumer: &str,
+) -> QueryResult<bool>
+where
+    C: AsyncConnectionCore<Backend = Pg>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
     }
-}
-
-impl QueryId for MarkerExists<'_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl Query for MarkerExists<'_> {
-    type SqlType = Untyped;
-}
-
-impl QueryFragment<Pg> for MarkerExists<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("SELECT EXISTS (SELECT 1 FROM inbox ");
-        push_by_key(
-            &mut out,
-            self.message_id.as_bytes(),
-            self.consumer.as_bytes(),
-        )?;
-        out.push_sql(") AS found");
-        Ok(())
-    }
-}
-
-/// [`BY_KEY`], for a query built with bind parameters pushed in order.
-fn push_by_key<'b>(
-    out: &mut AstPass<'_, 'b, Pg>,
-    message_id: &'b [u8],
-    consumer: &'b [u8],
-) -> QueryResult<()> {
-    out.push_sql("WHERE inbox_key_digest(consumer, message_id) = inbox_key_digest(convert_from(");
-    out.push_bind_param::<Bytea, [u8]>(consumer)?;
-    out.push_sql(", 'UTF8'), convert_from(");
-    out.push_bind_param::<Bytea, [u8]>(message_id)?;
-    out.push_sql(", 'UTF8')) AND message_id = convert_from(");
-    out.push_bind_param::<Bytea, [u8]>(message_id)?;
-    out.push_sql(", 'UTF8') AND consumer = convert_from(");
-    out.push_bind_param::<Bytea, [u8]>(consumer)?;
-    out.push_sql(", 'UTF8')");
-    Ok(())
-}
-
-/// What [`MarkerExists`] reads.
-#[derive(diesel::QueryableByName)]
-pub(super) struct Found {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    pub(super) found: bool,
+    let Found { found } = Prepared(
+        diesel::sql_query(format!(
+            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY}) AS found"
+        ))
+        .bind::<Bytea, _>(message_id.as_bytes())
+        .bind::<Bytea, _>(consumer.as_bytes()),
+    )
+    .get_result(conn)
+    .await?;
+    Ok(found)
 }
 
 /// A batch's markers in one statement, `RETURNING` the new ones: the ids bound as one
@@ -276,8 +241,7 @@ pub(super) async fn confirm_duplicate<C>(
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
-    let Found { found } = marker_exists(message_id, consumer).get_result(conn).await?;
-    if found {
+    if marker_exists(conn, message_id, consumer).await? {
         return Ok(());
     }
     Err(collision(conn, message_id, consumer).await)

@@ -8,7 +8,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
-use super::markers::{self, Behind, Found};
+use super::markers::{self, Behind};
 use super::{ABORTED_TRANSACTION, MIGRATE_LOCK};
 use crate::backend::prepared::Prepared;
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
@@ -86,12 +86,7 @@ impl sealed::Sealed for diesel::pg::Pg {
     {
         // PostgreSQL never reads uncommitted rows, at any isolation level.
         let marker = marker.clone();
-        async move {
-            let Found { found } = markers::marker_exists(&marker.message_id, marker.consumer)
-                .get_result(conn)
-                .await?;
-            Ok(found)
-        }
+        async move { markers::marker_exists(conn, &marker.message_id, marker.consumer).await }
     }
 
     async fn insert_markers<C>(
