@@ -167,11 +167,19 @@ pub fn batch_keys<M>(
     messages: &[M],
     mut key: impl FnMut(&M) -> Result<String, InvalidKey>,
 ) -> Result<Vec<String>, InvalidBatchKey> {
-    messages
-        .iter()
-        .enumerate()
-        .map(|(index, message)| key(message).map_err(|reason| InvalidBatchKey { index, reason }))
-        .collect()
+    keys_of(messages, &mut key)
+}
+
+// Through `dyn`, so that only this small function is compiled per handler's key.
+fn keys_of<M>(
+    messages: &[M],
+    key: &mut dyn FnMut(&M) -> Result<String, InvalidKey>,
+) -> Result<Vec<String>, InvalidBatchKey> {
+    let mut keys = Vec::with_capacity(messages.len());
+    for (index, message) in messages.iter().enumerate() {
+        keys.push(key(message).map_err(|reason| InvalidBatchKey { index, reason })?);
+    }
+    Ok(keys)
 }
 
 /// The markers a batch inserts: its distinct keys in ascending order, and where each
@@ -210,6 +218,17 @@ impl Markers {
     fn processes(&self, index: usize, new: &[bool]) -> bool {
         let key = self.key_of[index];
         new[key] && self.first[key] == index
+    }
+
+    /// The items of `messages` to process, in the batch's order.
+    fn select<I: Iterator>(&self, messages: I, new: &[bool]) -> Vec<I::Item> {
+        let mut selected = Vec::with_capacity(self.first.len());
+        for (index, message) in messages.enumerate() {
+            if self.processes(index, new) {
+                selected.push(message);
+            }
+        }
+        selected
     }
 
     /// The key of the batch's first message to process: the outbox derives the default
@@ -254,7 +273,7 @@ impl Markers {
 ///
 /// The returned future is `Send` exactly when `body`'s is and `M` is `Sync`.
 #[doc(hidden)]
-pub async fn run_batch<'m, C, M, T, E, F>(
+pub fn run_batch<'m, C, M, T, E, F>(
     conn: &mut C,
     begin: Begin<C>,
     handler: &'static Handler,
@@ -262,7 +281,7 @@ pub async fn run_batch<'m, C, M, T, E, F>(
     message_ids: Result<Vec<String>, InvalidBatchKey>,
     error_type: HandlerErrorType<E>,
     body: F,
-) -> Result<BatchOutcome<T>, E>
+) -> impl Future<Output = Result<BatchOutcome<T>, E>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -277,7 +296,6 @@ where
         error_type,
         body,
     )
-    .await
 }
 
 /// [`run_batch`] for a batch the handler owns (`msgs: Vec<M>`, `[M; N]`, `Box<[M]>`):
@@ -285,7 +303,7 @@ where
 /// returned future is `Send` when `M` is, as a plain `async fn`'s that takes the batch
 /// is; the duplicates drop before the body runs.
 #[doc(hidden)]
-pub async fn run_owned_batch<C, M, T, E, F>(
+pub fn run_owned_batch<C, M, T, E, F>(
     conn: &mut C,
     begin: Begin<C>,
     handler: &'static Handler,
@@ -293,7 +311,7 @@ pub async fn run_owned_batch<C, M, T, E, F>(
     message_ids: Result<Vec<String>, InvalidBatchKey>,
     error_type: HandlerErrorType<E>,
     body: F,
-) -> Result<BatchOutcome<T>, E>
+) -> impl Future<Output = Result<BatchOutcome<T>, E>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -308,7 +326,6 @@ where
         error_type,
         body,
     )
-    .await
 }
 
 /// [`run_batch`] for a body whose value borrows from the messages
@@ -320,7 +337,7 @@ where
 /// enough"). [`run_batch`], whose body takes its messages for any lifetime, has no
 /// such limit.
 #[doc(hidden)]
-pub async fn run_lending_batch<'m, C, M, T, E, F>(
+pub fn run_lending_batch<'m, C, M, T, E, F>(
     conn: &mut C,
     begin: Begin<C>,
     handler: &'static Handler,
@@ -328,7 +345,7 @@ pub async fn run_lending_batch<'m, C, M, T, E, F>(
     message_ids: Result<Vec<String>, InvalidBatchKey>,
     error_type: HandlerErrorType<E>,
     body: F,
-) -> Result<BatchOutcome<T>, E>
+) -> impl Future<Output = Result<BatchOutcome<T>, E>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -343,7 +360,6 @@ where
         error_type,
         body,
     )
-    .await
 }
 
 /// The three runners' common course: the body gets the items of `messages` whose
@@ -369,75 +385,105 @@ where
     if len == 0 {
         return Ok(BatchOutcome::all_duplicates(0));
     }
-    // As in `run`: only what depends on the body's types is written here; the rest is
-    // generic over the connection alone, and boxed.
-    let registration = handler.registration;
-    let span = report::batch_span(registration, len);
-    let started = Instant::now();
-    let opened = open(conn, begin, registration.consumer, message_ids, &span);
-    let stopped = match opened.await {
-        Ok(Opened {
-            enclosing,
-            markers,
-            new,
-        }) => {
-            let to_process = messages
-                .enumerate()
-                .filter(|&(index, _)| markers.processes(index, &new))
-                .map(|(_, message)| message)
-                .collect();
-            let scope = Scope::delivery(registration.consumer, markers.first_new_key(&new));
-            let result = InBody::new(body(&mut *conn, to_process), scope, &span).await;
-            let closed = call::close(conn, enclosing, result.is_ok(), &span);
-            match (result, closed.await) {
-                (Ok(value), Ok(())) => Ok(BatchOutcome {
-                    value: Some(value),
-                    outcomes: markers.outcomes(&new),
-                }),
-                (Err(error), Ok(())) => Err(Stop::Handler(error)),
-                (_, Err(error)) => Err(Stop::Database(error)),
-            }
-        }
-        Err(stop) => Err(stop.widen()),
+    // As in `run`: only the awaits are written here, compiled once per handler; the
+    // steps around the body are generic over the connection alone, and boxed, and the
+    // rest is generic over the messages' type, or not at all.
+    let delivery = BatchDelivery::start(handler.registration, len);
+    let opened = open(
+        conn,
+        begin,
+        delivery.consumer(),
+        message_ids,
+        &delivery.span,
+    );
+    let Opened {
+        enclosing,
+        markers,
+        new,
+    } = match opened.await {
+        Ok(opened) => opened,
+        Err(stop) => return delivery.finish(Err(stop.widen()), &error_type),
     };
-    settle(stopped, len, registration, &error_type, &span, started)
+    let to_process = markers.select(messages, &new);
+    let scope = Scope::delivery(delivery.consumer(), markers.first_new_key(&new));
+    let result = InBody::new(body(&mut *conn, to_process), scope, &delivery.span).await;
+    let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
+    let stopped = match (result, closed) {
+        (Ok(value), Ok(())) => Ok(BatchOutcome {
+            value: Some(value),
+            outcomes: markers.outcomes(&new),
+        }),
+        (Err(error), Ok(())) => Err(Stop::Handler(error)),
+        (_, Err(error)) => Err(Stop::Database(error)),
+    };
+    delivery.finish(stopped, &error_type)
 }
 
-/// What a batch's stop means for its caller, reported: generic over the body's value
-/// and error alone.
-fn settle<T, E>(
-    stopped: Result<BatchOutcome<T>, Stop<E>>,
-    len: usize,
+/// One batch delivery's report: its span, its size and its start.
+struct BatchDelivery {
     registration: RegisteredHandler,
-    error_type: &HandlerErrorType<E>,
-    span: &tracing::Span,
+    len: usize,
+    span: tracing::Span,
     started: Instant,
-) -> Result<BatchOutcome<T>, E> {
-    let (result, outcome) = match stopped {
-        Ok(batch) => {
-            span.record("inbox.processed", batch.processed());
-            span.record("inbox.duplicates", batch.duplicates());
-            (Ok(batch), "processed")
+}
+
+impl BatchDelivery {
+    fn start(registration: RegisteredHandler, len: usize) -> Self {
+        Self {
+            registration,
+            len,
+            span: report::batch_span(registration, len),
+            started: Instant::now(),
         }
-        Err(Stop::Duplicate) => {
-            report::batch_duplicate(span);
-            (Ok(BatchOutcome::all_duplicates(len)), "duplicate")
+    }
+
+    fn consumer(&self) -> &'static str {
+        self.registration.consumer
+    }
+
+    /// The caller's result for how the batch `stopped`, reported: generic over the
+    /// body's value and error alone, and short.
+    fn finish<T, E>(
+        self,
+        stopped: Result<BatchOutcome<T>, Stop<E>>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<BatchOutcome<T>, E> {
+        match stopped {
+            Ok(batch) => {
+                self.span.record("inbox.processed", batch.processed());
+                self.span.record("inbox.duplicates", batch.duplicates());
+                self.report("processed", &batch.outcomes);
+                Ok(batch)
+            }
+            Err(Stop::Duplicate) => {
+                report::batch_duplicate(&self.span);
+                let batch = BatchOutcome::all_duplicates(self.len);
+                self.report("duplicate", &batch.outcomes);
+                Ok(batch)
+            }
+            Err(Stop::Handler(error)) => {
+                report::handler_error(&self.span, (error_type.database_class)(&error));
+                self.report("handler_error", &[]);
+                Err(error)
+            }
+            Err(Stop::Database(error)) => {
+                self.report("database_error", &[]);
+                Err((error_type.from_diesel)(error))
+            }
         }
-        Err(Stop::Handler(error)) => {
-            report::handler_error(span, (error_type.database_class)(&error));
-            (Err(error), "handler_error")
-        }
-        Err(Stop::Database(error)) => (Err((error_type.from_diesel)(error)), "database_error"),
-    };
-    // Each message counts as a delivery of its own; a failed batch, all with its error.
-    let settled = result.as_ref().map_or(&[][..], BatchOutcome::outcomes);
-    let per_message = (0..len).map(|index| match settled.get(index) {
-        Some(message) if message.is_processed() => "processed",
-        Some(_) => "duplicate",
-        None => outcome,
-    });
-    report::finished_batch(span, registration, outcome, per_message, started.elapsed());
-    result
+    }
+
+    /// Reports how the batch ended. Each message counts as a delivery of its own, with
+    /// its outcome in `settled`; a failed batch, none settled, all with its error.
+    fn report(self, outcome: &'static str, settled: &[Outcome<()>]) {
+        let per_message = (0..self.len).map(|index| match settled.get(index) {
+            Some(message) if message.is_processed() => "processed",
+            Some(_) => "duplicate",
+            None => outcome,
+        });
+        let elapsed = self.started.elapsed();
+        report::finished_batch(&self.span, self.registration, outcome, per_message, elapsed);
+    }
 }
 
 /// A batch whose transaction has begun with its markers: which of them are new.

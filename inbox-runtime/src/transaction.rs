@@ -68,65 +68,122 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    // Only what depends on the body's types is written here, compiled once per handler;
-    // the rest is generic over the connection alone, compiled once per connection type,
-    // and boxed so that the handler's future holds a pointer to it, not its states.
-    let read_first = fast_path.reads_first(&handler.recent_duplicates);
-    let span = report::delivery_span(
-        handler.registration,
-        message_id.as_deref().ok(),
-        "transaction",
-        read_first,
-    );
-    let started = Instant::now();
-    // Kept for the body's scope: the outbox derives its messages' default ids from it.
-    let key = message_id.as_deref().unwrap_or_default().to_owned();
+    // Only what depends on the body's types is written here, compiled once per handler,
+    // and kept to the awaits: the steps around the body are generic over the connection
+    // alone, compiled once per connection type and boxed, so that the handler's future
+    // holds a pointer to them, not their states; the reports are not generic at all.
+    let delivery = Delivery::start(handler, message_id.as_deref().ok(), fast_path);
     let opened = open(
         conn,
         begin,
         handler,
         message_id,
-        read_first,
+        delivery.read_first,
         fingerprint,
-        &span,
+        &delivery.span,
     );
-    let stopped = match opened.await {
-        Ok(enclosing) => {
-            let scope = Scope::delivery(handler.registration.consumer, key);
-            let result = InBody::new(body(&mut *conn), scope, &span).await;
-            let closed = call::close(conn, enclosing, result.is_ok(), &span);
-            match (result, closed.await) {
-                (Ok(value), Ok(())) => Ok(value),
-                (Err(error), Ok(())) => Err(Stop::Handler(error)),
-                (_, Err(error)) => Err(Stop::Database(error)),
-            }
-        }
-        Err(stop) => Err(stop.widen()),
+    let (enclosing, scope) = match opened.await {
+        Ok(opened) => opened,
+        Err(stop) => return delivery.finish(Err(stop.widen()), &error_type),
     };
-    let (result, outcome) = match stopped {
-        Ok(value) => {
-            handler.recent_duplicates.record(false);
-            (Ok(Outcome::Processed(value)), "processed")
-        }
-        Err(Stop::Duplicate) => {
-            handler.recent_duplicates.record(true);
-            report::duplicate(&span);
-            (Ok(Outcome::Duplicate), "duplicate")
-        }
-        Err(Stop::Handler(error)) => {
-            report::handler_error(&span, (error_type.database_class)(&error));
-            (Err(error), "handler_error")
-        }
-        Err(Stop::Database(error)) => (Err((error_type.from_diesel)(error)), "database_error"),
+    let result = InBody::new(body(&mut *conn), scope, &delivery.span).await;
+    let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
+    let stopped = match (result, closed) {
+        (Ok(value), Ok(())) => Ok(value),
+        (Err(error), Ok(())) => Err(Stop::Handler(error)),
+        (_, Err(error)) => Err(Stop::Database(error)),
     };
-    report::finished(&span, handler.registration, outcome, started.elapsed());
-    result
+    delivery.finish(stopped, &error_type)
 }
 
+/// One delivery's report: its span, its start, and whether it read first.
+struct Delivery {
+    handler: &'static Handler,
+    span: tracing::Span,
+    started: Instant,
+    read_first: bool,
+}
+
+impl Delivery {
+    fn start(handler: &'static Handler, message_id: Option<&str>, fast_path: FastPath) -> Self {
+        let read_first = fast_path.reads_first(&handler.recent_duplicates);
+        Self {
+            handler,
+            span: report::delivery_span(
+                handler.registration,
+                message_id,
+                "transaction",
+                read_first,
+            ),
+            started: Instant::now(),
+            read_first,
+        }
+    }
+
+    /// The caller's result for how the delivery `stopped`, reported.
+    fn finish<T, E>(
+        self,
+        stopped: Result<T, Stop<E>>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<Outcome<T>, E> {
+        match stopped {
+            Ok(value) => {
+                self.report(Ending::Processed);
+                Ok(Outcome::Processed(value))
+            }
+            Err(Stop::Duplicate) => {
+                self.report(Ending::Duplicate);
+                Ok(Outcome::Duplicate)
+            }
+            Err(Stop::Handler(error)) => {
+                self.report(Ending::HandlerError((error_type.database_class)(&error)));
+                Err(error)
+            }
+            Err(Stop::Database(error)) => {
+                self.report(Ending::DatabaseError);
+                Err((error_type.from_diesel)(error))
+            }
+        }
+    }
+
+    fn report(self, ending: Ending) {
+        let outcome = match ending {
+            Ending::Processed => {
+                self.handler.recent_duplicates.record(false);
+                "processed"
+            }
+            Ending::Duplicate => {
+                self.handler.recent_duplicates.record(true);
+                report::duplicate(&self.span);
+                "duplicate"
+            }
+            Ending::HandlerError(database_class) => {
+                report::handler_error(&self.span, database_class);
+                "handler_error"
+            }
+            Ending::DatabaseError => "database_error",
+        };
+        let elapsed = self.started.elapsed();
+        report::finished(&self.span, self.handler.registration, outcome, elapsed);
+    }
+}
+
+/// How a delivery ended, without the body's value or error.
+enum Ending {
+    Processed,
+    Duplicate,
+    HandlerError(Option<crate::classify::ErrorClass>),
+    DatabaseError,
+}
+
+/// What [`open`] leaves for the body: the transaction the call runs in and the body's
+/// scope, or why the body does not run.
+type Opened = Result<(Enclosing, Scope), Stop<Infallible>>;
+
 /// Everything before the body: the key checked, the fast path's read, then the call's
-/// transaction begun with the marker in it (or a test transaction's savepoint). `Ok`
-/// says what the call runs in; a duplicate whose fingerprint differs is an error, and a
-/// database error comes explained (see [`call::explained`]).
+/// transaction begun with the marker in it (or a test transaction's savepoint). A
+/// duplicate whose fingerprint differs is an error, and a database error comes
+/// explained (see [`call::explained`]).
 pub(crate) fn open<'c, C>(
     conn: &'c mut C,
     begin: Begin<C>,
@@ -135,7 +192,7 @@ pub(crate) fn open<'c, C>(
     read_first: bool,
     fingerprint: Option<Fingerprint>,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Result<Enclosing, Stop<Infallible>>> + 'c>>
+) -> Pin<Box<impl Future<Output = Opened> + 'c>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -163,7 +220,7 @@ async fn open_unboxed<C>(
     message_id: Result<String, InvalidKey>,
     read_first: bool,
     fingerprint: Option<Fingerprint>,
-) -> Result<Enclosing, Stop<Infallible>>
+) -> Opened
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -195,9 +252,15 @@ where
                 .map(|()| enclosing),
         }
     };
-    // A duplicate with another payload is the producer's bug, not a duplicate.
-    if let (Err(Stop::Duplicate), Some(delivered)) = (&opened, &fingerprint) {
-        crate::fingerprint::check_stored(conn, marker.message_id, consumer, delivered).await?;
+    match (opened, fingerprint) {
+        // The key is kept for the body's scope: the outbox derives its messages'
+        // default ids from it.
+        (Ok(enclosing), _) => Ok((enclosing, Scope::delivery(consumer, marker.message_id))),
+        // A duplicate with another payload is the producer's bug, not a duplicate.
+        (Err(Stop::Duplicate), Some(delivered)) => {
+            crate::fingerprint::check_stored(conn, marker.message_id, consumer, &delivered).await?;
+            Err(Stop::Duplicate)
+        }
+        (Err(stop), _) => Err(stop),
     }
-    opened
 }

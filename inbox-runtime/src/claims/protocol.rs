@@ -1,5 +1,6 @@
 //! The claim, the body and the completion, as `#[idempotent(…, claim)]` runs them.
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -105,54 +106,99 @@ where
     C::Backend: InboxBackend,
     F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    // As in the transactional mode: only what depends on the body's types is written
-    // here; claiming and settling are generic over the connection alone, and boxed.
-    let registration = handler.registration;
-    let span = report::delivery_span(registration, message_id.as_deref().ok(), "claim", false);
-    let started = Instant::now();
-    let consumer = registration.consumer;
-    let claimed = claim(conn, consumer, message_id, policy, fingerprint, &span);
-    let (result, outcome) = match claimed.await {
-        Ok(held) => {
-            let scope = Scope::claimed(held.claim.clone());
-            let ran = InBody::new(body(&mut *conn), scope, &span).await;
-            let settled = settle(conn, held, ran.is_ok(), &span);
-            match (ran, settled.await) {
-                (Ok(value), Ok(())) => (Ok(Outcome::Processed(value)), "processed"),
-                (Err(error), Ok(())) => {
-                    report::handler_error(&span, (error_type.database_class)(&error));
-                    (Err(error), "handler_error")
-                }
-                (_, Err(error)) => {
-                    not_completed(&span, &error);
-                    (Err((error_type.from_diesel)(error)), "database_error")
-                }
-            }
-        }
-        Err(NotRun::Duplicate) => {
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                "already completed: the body did not run"
-            );
-            (Ok(Outcome::Duplicate), "duplicate")
-        }
-        Err(NotRun::InProgress(lease_remaining)) => {
-            tracing::debug!(
-                target: "diesel_inbox",
-                parent: &span,
-                { inbox.lease_remaining_ms = lease_remaining.map(|left| left.as_secs_f64() * 1e3) },
-                "claimed by another delivery: the body did not run"
-            );
-            (Ok(Outcome::InProgress { lease_remaining }), "in_progress")
-        }
-        Err(NotRun::Database(error)) => {
-            not_completed(&span, &error);
-            (Err((error_type.from_diesel)(error)), "database_error")
+    // As in the transactional mode: only the awaits are written here, compiled once per
+    // handler; claiming and settling are generic over the connection alone, and boxed,
+    // and the reports are not generic at all.
+    let delivery = ClaimDelivery::start(handler, message_id.as_deref().ok());
+    let consumer = handler.registration.consumer;
+    let claimed = claim(
+        conn,
+        consumer,
+        message_id,
+        policy,
+        fingerprint,
+        &delivery.span,
+    );
+    let held = match claimed.await {
+        Ok(held) => held,
+        Err(not_run) => {
+            return match delivery.not_run(not_run) {
+                Ok(outcome) => Ok(outcome.map(|never| match never {})),
+                Err(error) => Err((error_type.from_diesel)(error)),
+            };
         }
     };
-    report::finished(&span, registration, outcome, started.elapsed());
-    result
+    let scope = Scope::claimed(held.claim.clone());
+    let ran = InBody::new(body(&mut *conn), scope, &delivery.span).await;
+    let settled = settle(conn, held, ran.is_ok(), &delivery.span).await;
+    match (ran, settled) {
+        (Ok(value), Ok(())) => {
+            delivery.finish("processed");
+            Ok(Outcome::Processed(value))
+        }
+        (Err(error), Ok(())) => {
+            report::handler_error(&delivery.span, (error_type.database_class)(&error));
+            delivery.finish("handler_error");
+            Err(error)
+        }
+        (_, Err(error)) => Err((error_type.from_diesel)(delivery.not_completed(error))),
+    }
+}
+
+/// One claim-mode delivery's report: its span and its start.
+struct ClaimDelivery {
+    handler: &'static Handler,
+    span: tracing::Span,
+    started: Instant,
+}
+
+impl ClaimDelivery {
+    fn start(handler: &'static Handler, message_id: Option<&str>) -> Self {
+        Self {
+            handler,
+            span: report::delivery_span(handler.registration, message_id, "claim", false),
+            started: Instant::now(),
+        }
+    }
+
+    /// Reports a delivery whose body did not run: its outcome, or the database error
+    /// that ended it.
+    fn not_run(self, not_run: NotRun) -> Result<Outcome<Infallible>, Error> {
+        match not_run {
+            NotRun::Duplicate => {
+                tracing::debug!(
+                    target: "diesel_inbox",
+                    parent: &self.span,
+                    "already completed: the body did not run"
+                );
+                self.finish("duplicate");
+                Ok(Outcome::Duplicate)
+            }
+            NotRun::InProgress(lease_remaining) => {
+                tracing::debug!(
+                    target: "diesel_inbox",
+                    parent: &self.span,
+                    { inbox.lease_remaining_ms = lease_remaining.map(|left| left.as_secs_f64() * 1e3) },
+                    "claimed by another delivery: the body did not run"
+                );
+                self.finish("in_progress");
+                Ok(Outcome::InProgress { lease_remaining })
+            }
+            NotRun::Database(error) => Err(self.not_completed(error)),
+        }
+    }
+
+    /// Reports a database error that ended the delivery, and returns it.
+    fn not_completed(self, error: Error) -> Error {
+        not_completed(&self.span, &error);
+        self.finish("database_error");
+        error
+    }
+
+    fn finish(self, outcome: &'static str) {
+        let elapsed = self.started.elapsed();
+        report::finished(&self.span, self.handler.registration, outcome, elapsed);
+    }
 }
 
 /// Records a database error that ended the delivery on its span.
