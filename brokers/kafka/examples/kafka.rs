@@ -1,13 +1,13 @@
 //! A Kafka consumer of credit messages, exactly once on PostgreSQL, through rskafka
-//! (pure Rust). There is no Kafka broker on this machine: this example is built by CI,
-//! not run. With a broker:
+//! (pure Rust). With a broker (`scripts/kafka.sh start` runs one on 127.0.0.1:9092):
 //!
 //! ```text
 //! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run -p diesel-inbox-kafka --example kafka
 //! ```
 //!
 //! It reads partition 0 of the topic `credits`, records with a JSON body
-//! `{"account": 1, "amount": 250}`, keyed by their `event-id` header, else by (topic,
+//! `{"account": 1, "amount": 250}`, keyed by their `message-id` header (where the
+//! outbox's `OutboxPublisher` puts a message's id), else by (topic,
 //! partition, offset). The order is the point: the handler's transaction commits the
 //! marker and the credit, and only then is the offset committed. A crash between the
 //! two re-reads the record, which the inbox answers `Duplicate`; the other order would
@@ -24,7 +24,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_inbox::{Disposition, idempotent};
-use diesel_inbox_kafka::{RecordKey, message_key};
+use diesel_inbox_kafka::{ID_HEADER, RecordKey, message_key};
 use rskafka::client::ClientBuilder;
 use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::record::{Record, RecordAndOffset};
@@ -34,7 +34,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const TOPIC: &str = "credits";
 const DEAD_LETTER_TOPIC: &str = "credits.dead-letter";
 const PARTITION: i32 = 0;
-const ID_HEADER: &str = "event-id";
 
 diesel::table! {
     accounts (id) {

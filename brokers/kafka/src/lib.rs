@@ -1,5 +1,6 @@
 //! Kafka glue for [diesel-inbox](https://docs.rs/diesel-inbox), through
-//! [rskafka](https://docs.rs/rskafka) (pure Rust): the key of a record. What all the
+//! [rskafka](https://docs.rs/rskafka) (pure Rust): the key of a record, and a publisher
+//! for the outbox. What all the
 //! broker glue shares is in diesel-inbox's
 //! [brokers guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/brokers/index.html).
 //!
@@ -37,22 +38,35 @@
 //! # Ok::<(), diesel_inbox::MissingKey>(())
 //! ```
 //!
+//! # Publishing the outbox
+//!
+//! [`OutboxPublisher`] publishes diesel-inbox's outbox through its `Relay`: each message
+//! a record of its destination topic with `acks=all`, its id in the [`ID_HEADER`] header
+//! that [`message_key`] reads on the receiving side, its routing key (else its ordering
+//! key) as the record key, which picks the partition as Kafka's default partitioner
+//! does, so one ordering key's messages are in one partition in commit order. It is
+//! reported sent only once the broker has answered. A missing topic or a
+//! record the broker refuses as too large is parked for an operator.
+//!
 //! # A complete consumer
 //!
 //! The repository's `brokers/kafka/examples/kafka.rs` is a consumer that commits its
-//! offset after each handler (CI builds it; there is no Kafka broker there to run it
-//! against):
+//! offset after each handler:
 //!
 //! ```sh
-//! cargo build -p diesel-inbox-kafka --example kafka
+//! DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 cargo run -p diesel-inbox-kafka --example kafka
 //! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod outbox;
+
 use std::collections::BTreeMap;
 
 use diesel_inbox::{InboxKey, InvalidKey, MissingKey};
+
+pub use outbox::{ID_HEADER, OutboxPublisher};
 
 /// The inbox key of a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,329 @@
+//! `diesel_inbox_kafka` against a local Kafka broker (`KAFKA_URL`, `host:port`) with the
+//! outbox on the local PostgreSQL: committed messages are produced with their id, one
+//! key's records land in one partition in commit order, a copy produced again after a
+//! relay's crash is absorbed by the receiver's inbox, and records the cluster never
+//! takes are parked. Each test creates topics of its own and deletes them at the end.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::result::Error;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay, RelaySettings};
+use diesel_inbox::testing::{TestDatabase, select_i64};
+use diesel_inbox::{InboxBackend, Outcome, idempotent};
+use diesel_inbox_kafka::{ID_HEADER, OutboxPublisher, RecordKey, message_key};
+use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
+use rskafka::client::{Client, ClientBuilder};
+use rskafka::record::RecordAndOffset;
+
+/// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
+/// where it fails.
+fn server_url(variable: &str) -> Option<String> {
+    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{variable} is not set, and CI runs every suite"
+        );
+        eprintln!("SKIPPED: {variable} is not set");
+    }
+    url
+}
+
+const PARTITIONS: i32 = 3;
+
+/// A topic of `PARTITIONS` partitions named after the test, and the outbox's database.
+struct Fixture {
+    client: Arc<Client>,
+    topic: String,
+    db: TestDatabase<AsyncPgConnection>,
+}
+
+async fn fixture(test: &str) -> Option<Fixture> {
+    let kafka = server_url("KAFKA_URL")?;
+    let postgres = server_url("POSTGRES_URL")?;
+    let client = ClientBuilder::new(vec![kafka])
+        .build()
+        .await
+        .expect("connect to Kafka");
+    let topic = format!("inbox_test_{test}_{}", std::process::id());
+    let controller = client.controller_client().expect("controller");
+    // A run that panicked left its topic behind.
+    let _ = controller.delete_topic(&topic, 5_000).await;
+    controller
+        .create_topic(&topic, PARTITIONS, 1, 5_000)
+        .await
+        .expect("create the topic");
+    let db = TestDatabase::postgres(&postgres, &format!("kafka_outbox_{test}"))
+        .await
+        .expect("test schema");
+    let mut conn = db.connect().await.expect("connect");
+    outbox::migrate(&mut conn)
+        .await
+        .expect("migrate the outbox");
+    Some(Fixture {
+        client: Arc::new(client),
+        topic,
+        db,
+    })
+}
+
+impl Fixture {
+    fn publisher(&self) -> OutboxPublisher {
+        OutboxPublisher::new(Arc::clone(&self.client))
+    }
+
+    async fn partition(&self, partition: i32) -> PartitionClient {
+        self.client
+            .partition_client(&self.topic, partition, UnknownTopicHandling::Retry)
+            .await
+            .expect("partition client")
+    }
+
+    /// Every record of the topic, by partition in offset order, once `expected` are there.
+    async fn records(&self, expected: usize) -> BTreeMap<i32, Vec<RecordAndOffset>> {
+        let mut read: BTreeMap<i32, Vec<RecordAndOffset>> = BTreeMap::new();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                for partition in 0..PARTITIONS {
+                    let client = self.partition(partition).await;
+                    let records = read.entry(partition).or_default();
+                    let next = records.last().map_or(0, |record| record.offset + 1);
+                    let (fetched, _) = client
+                        .fetch_records(next, 1..1_000_000, 100)
+                        .await
+                        .expect("fetch");
+                    records.extend(fetched);
+                }
+                if read.values().map(Vec::len).sum::<usize>() >= expected {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            let got: usize = read.values().map(Vec::len).sum();
+            panic!("{got} of {expected} records arrived")
+        });
+        read
+    }
+
+    async fn cleanup(self) {
+        self.client
+            .controller_client()
+            .expect("controller")
+            .delete_topic(&self.topic, 5_000)
+            .await
+            .expect("delete the topic");
+        self.db.cleanup().await.expect("cleanup");
+    }
+}
+
+#[idempotent(consumer = "kafka-outbox", key = key)]
+async fn announce<C>(
+    conn: &mut C,
+    key: &str,
+    message: OutboxMessage,
+    fail: bool,
+) -> Result<String, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let id = outbox::enqueue(conn, message).await?;
+    if fail {
+        return Err(Error::RollbackTransaction);
+    }
+    Ok(id)
+}
+
+/// The receiving service: records each record it processes.
+#[idempotent(consumer = "kafka-receiver", key = key)]
+async fn receive(conn: &mut AsyncPgConnection, key: RecordKey<'_>) -> Result<(), Error> {
+    let _ = (conn, key);
+    Ok(())
+}
+
+fn eager() -> RelaySettings {
+    RelaySettings::new()
+        .with_poll_interval(Duration::from_millis(20))
+        .with_backoff(Duration::from_millis(50), Duration::from_millis(300))
+}
+
+async fn unsent(conn: &mut AsyncPgConnection) -> i64 {
+    select_i64(
+        conn,
+        "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL",
+    )
+    .await
+    .expect("count unsent")
+}
+
+/// The id a record carries, read as a receiver reads its key.
+fn id_of<'r>(topic: &'r str, partition: i32, record: &'r RecordAndOffset) -> &'r str {
+    match message_key(ID_HEADER, topic, partition, record).expect("a key") {
+        RecordKey::Header(id) => id,
+        other => panic!("produced without an id: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_produces_what_committed_one_ordering_keys_records_in_one_partition_in_order() {
+    let Some(fixture) = fixture("commits").await else {
+        return;
+    };
+    let mut conn = fixture.db.connect().await.expect("connect");
+    let mut committed = Vec::new();
+    for n in 0..40 {
+        let fail = n % 4 == 3;
+        let message = OutboxMessage::new(fixture.topic.as_str(), n.to_string())
+            .ordering_key(format!("account-{}", n % 5))
+            .header("n", n.to_string());
+        match announce(&mut conn, &format!("m-{n}"), message, fail).await {
+            Ok(Outcome::Processed(id)) => committed.push(id),
+            Err(_) if fail => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let relay = Relay::spawn(fixture.db.clone(), fixture.publisher(), eager());
+    let records = fixture.records(committed.len()).await;
+    relay.shut_down().await;
+
+    let mut ids = Vec::new();
+    let mut partition_of_key: HashMap<Vec<u8>, i32> = HashMap::new();
+    for (&partition, records) in &records {
+        let mut last_n: HashMap<Vec<u8>, u32> = HashMap::new();
+        for record in records {
+            ids.push(id_of(&fixture.topic, partition, record).to_owned());
+            let key = record
+                .record
+                .key
+                .clone()
+                .expect("keyed by the ordering key");
+            let n: u32 = std::str::from_utf8(&record.record.headers["n"])
+                .expect("utf-8")
+                .parse()
+                .expect("a number");
+            assert_eq!(
+                record.record.value.as_deref(),
+                Some(n.to_string().as_bytes())
+            );
+            let placed = *partition_of_key.entry(key.clone()).or_insert(partition);
+            assert_eq!(placed, partition, "one key, one partition");
+            if let Some(previous) = last_n.insert(key, n) {
+                assert!(
+                    previous < n,
+                    "commit order within a key: {previous} then {n}"
+                );
+            }
+        }
+    }
+    ids.sort();
+    committed.sort();
+    assert_eq!(ids, committed, "exactly the committed messages, each once");
+    assert!(
+        records
+            .values()
+            .filter(|records| !records.is_empty())
+            .count()
+            > 1,
+        "the keys spread over the partitions"
+    );
+    assert_eq!(unsent(&mut conn).await, 0);
+    drop(conn);
+    fixture.cleanup().await;
+}
+
+/// A relay produces a record and dies before marking it; once its lease ends another
+/// relay produces it again, and the receiver's inbox processes the two copies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_produced_again_after_a_crash_is_absorbed_by_the_receivers_inbox() {
+    let Some(fixture) = fixture("crash").await else {
+        return;
+    };
+    let mut conn = fixture.db.connect().await.expect("connect");
+    outbox::enqueue(
+        &mut conn,
+        OutboxMessage::new(fixture.topic.as_str(), "credited"),
+    )
+    .await
+    .expect("enqueue");
+    let publisher = fixture.publisher();
+    let taken = outbox::take(&mut conn, Duration::from_millis(300), 1)
+        .await
+        .expect("take")
+        .pop()
+        .expect("due");
+    publisher.publish(taken.message()).await.expect("produced");
+    drop(taken); // the relay dies here, before marking it sent
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let relay = Relay::spawn(fixture.db.clone(), publisher, eager());
+    let records = fixture.records(2).await;
+    relay.shut_down().await;
+
+    let (&partition, copies) = records
+        .iter()
+        .find(|(_, records)| !records.is_empty())
+        .expect("the copies");
+    assert_eq!(copies.len(), 2, "both copies in one partition: {records:?}");
+    let mut outcomes = Vec::new();
+    for record in copies {
+        let key = message_key(ID_HEADER, &fixture.topic, partition, record).expect("a key");
+        outcomes.push(receive(&mut conn, key).await.expect("receive"));
+    }
+    assert_eq!(outcomes, [Outcome::Processed(()), Outcome::Duplicate]);
+    drop(conn);
+    fixture.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_cluster_never_takes_are_parked_and_the_rest_go_out() {
+    let Some(fixture) = fixture("parks").await else {
+        return;
+    };
+    let mut conn = fixture.db.connect().await.expect("connect");
+    let nowhere = format!("inbox_test_nowhere_{}", std::process::id());
+    let mut good = 0;
+    for n in 0..12 {
+        let message = match n {
+            3 => OutboxMessage::new(nowhere.as_str(), "lost?"),
+            5 => OutboxMessage::new("no topic!", "bad name"),
+            7 => OutboxMessage::new(fixture.topic.as_str(), "clash").header(ID_HEADER, "mine"),
+            _ => {
+                good += 1;
+                OutboxMessage::new(fixture.topic.as_str(), n.to_string())
+            }
+        };
+        outbox::enqueue(&mut conn, message).await.expect("enqueue");
+    }
+    let relay = Relay::spawn(fixture.db.clone(), fixture.publisher(), eager());
+    let records = fixture.records(good).await;
+    let parked = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let parked = outbox::parked(&mut conn, 0, 10)
+                .await
+                .expect("list the parked");
+            if parked.len() == 3 {
+                return parked;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("all three are parked");
+    relay.shut_down().await;
+
+    assert_eq!(records.values().map(Vec::len).sum::<usize>(), good);
+    let reasons: Vec<&str> = parked
+        .iter()
+        .map(|message| message.last_error().expect("a reason"))
+        .collect();
+    assert!(reasons[0].contains("no topic"), "{reasons:?}");
+    assert!(reasons[1].contains("not a topic name"), "{reasons:?}");
+    assert!(reasons[2].contains("the message's id"), "{reasons:?}");
+    drop(conn);
+    fixture.cleanup().await;
+}
