@@ -12,8 +12,7 @@ use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
 };
 use crate::backend::prepared::Prepared;
-use crate::backend::roll_back_for;
-use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::backend::{enter_transaction, roll_back_for};
 
 /// A row's id, as the take reads it before updating.
 #[derive(diesel::QueryableByName)]
@@ -80,8 +79,11 @@ impl OutboxStatements for Mysql {
         let (ordering_key, ordering_seq) = message.ordering.unzip();
         Prepared(
             diesel::sql_query(
+                // Under MariaDB's `sql_mode = EMPTY_STRING_IS_NULL` an empty parameter
+                // arrives as NULL: these three may be empty, and never are NULL.
                 "INSERT INTO inbox_outbox (message_id, destination, routing_key, ordering_key, \
-                 ordering_seq, headers, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 ordering_seq, headers, payload) \
+                 VALUES (?, ?, COALESCE(?, X''), ?, ?, COALESCE(?, X''), COALESCE(?, X''))",
             )
             .bind::<Text, _>(message.message_id)
             .bind::<Text, _>(message.destination)
@@ -119,7 +121,7 @@ impl OutboxStatements for Mysql {
             "UPDATE inbox_outbox SET sent_at = NOW(6), relay_token = NULL \
              WHERE id IN ({ids}) AND sent_at IS NULL"
         );
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let marked = diesel::sql_query(sql).execute(conn).await;
         ended(conn, marked).await.map(drop)
     }
@@ -137,7 +139,7 @@ impl OutboxStatements for Mysql {
         let sql = "UPDATE inbox_outbox SET relay_token = NULL, \
                    due_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ? \
                    WHERE id = ? AND relay_token = ? AND sent_at IS NULL";
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let updated = Prepared(
             diesel::sql_query(sql)
                 .bind::<BigInt, _>(delay_micros)
@@ -156,7 +158,7 @@ impl OutboxStatements for Mysql {
     {
         let sql = "UPDATE inbox_outbox SET relay_token = NULL, parked = TRUE, last_error = ? \
                    WHERE id = ? AND relay_token = ? AND sent_at IS NULL";
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let updated = Prepared(
             diesel::sql_query(sql)
                 .bind::<Text, _>(reason)
@@ -174,7 +176,7 @@ impl OutboxStatements for Mysql {
     {
         // In a transaction of its own, so that with autocommit off the read leaves no
         // transaction open.
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let parked = Prepared(
             diesel::sql_query(format!(
                 "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox \
@@ -194,7 +196,7 @@ impl OutboxStatements for Mysql {
     {
         let sql = "UPDATE inbox_outbox SET parked = FALSE, due_at = NOW(6) \
                    WHERE id = ? AND parked AND sent_at IS NULL";
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let updated = Prepared(diesel::sql_query(sql).bind::<BigInt, _>(id))
             .execute(conn)
             .await;
@@ -205,7 +207,7 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        C::TransactionManager::begin_transaction(conn).await?;
+        begin(conn).await?;
         let deleted = discard_in_transaction(conn, id).await;
         ended(conn, deleted).await
     }
@@ -383,18 +385,51 @@ where
     deleting.execute(conn).await
 }
 
+/// Begins a transaction of the relay's, the pruner's or an operator's call.
+async fn begin<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    begin_with(conn, "COMMIT AND NO CHAIN; START TRANSACTION").await
+}
+
 /// Begins a transaction of the relay's or the pruner's that reads committed rows only,
 /// so that its locking reads set no gap lock for handlers' inserts to wait on.
 async fn begin_reading_committed<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    // Only for a transaction of its own: MySQL refuses it inside one.
-    if matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing)) {
-        conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .await?;
+    begin_with(
+        conn,
+        "COMMIT AND NO CHAIN; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         START TRANSACTION",
+    )
+    .await
+}
+
+/// Begins a transaction with `statements`, in one round trip; inside a test
+/// transaction, a savepoint instead.
+///
+/// The `COMMIT` first ends what `START TRANSACTION` would end anyway: a transaction the
+/// session opened without diesel knowing, by a read with autocommit off or by a `COMMIT`
+/// under `completion_type = CHAIN`. Inside one, MySQL refuses to set the next
+/// transaction's isolation. `START TRANSACTION` rather than diesel's `BEGIN`, which
+/// MariaDB's `sql_mode = ORACLE` reads as the start of a PL/SQL block.
+async fn begin_with<C>(conn: &mut C, statements: &str) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    if C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()?
+        .is_some()
+    {
+        return C::TransactionManager::begin_transaction(conn).await;
     }
-    C::TransactionManager::begin_transaction(conn).await
+    enter_transaction(conn)?;
+    match conn.batch_execute(statements).await {
+        Ok(()) => Ok(()),
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
 }
 
 /// Commits the relay's transaction after `result`, or rolls it back after an error.
