@@ -408,14 +408,10 @@ where
     let scope = Scope::delivery(delivery.consumer(), markers.first_new_key(&new));
     let result = InBody::new(body(&mut *conn, to_process), scope, &delivery.span).await;
     let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
-    let stopped = match (result, closed) {
-        (Ok(value), Ok(())) => Ok(BatchOutcome {
-            value: Some(value),
-            outcomes: markers.outcomes(&new),
-        }),
-        (Err(error), Ok(())) => Err(Stop::Handler(error)),
-        (_, Err(error)) => Err(Stop::Database(error)),
-    };
+    let stopped = call::after_close(result, closed).map(|value| BatchOutcome {
+        value: Some(value),
+        outcomes: markers.outcomes(&new),
+    });
     delivery.finish(stopped, &error_type)
 }
 

@@ -39,6 +39,16 @@ where
     Box::pin(closed.instrument(span.clone()))
 }
 
+/// The call's result once [`close`] has ended its transaction: the body's, unless the
+/// close failed, whose error then replaces it.
+pub(crate) fn after_close<T, E>(
+    result: Result<T, E>,
+    closed: Result<(), Error>,
+) -> Result<T, Stop<E>> {
+    closed.map_err(Stop::Database)?;
+    result.map_err(Stop::Handler)
+}
+
 async fn close_unboxed<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,

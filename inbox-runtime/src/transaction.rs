@@ -88,12 +88,7 @@ where
     };
     let result = InBody::new(body(&mut *conn), scope, &delivery.span).await;
     let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
-    let stopped = match (result, closed) {
-        (Ok(value), Ok(())) => Ok(value),
-        (Err(error), Ok(())) => Err(Stop::Handler(error)),
-        (_, Err(error)) => Err(Stop::Database(error)),
-    };
-    delivery.finish(stopped, &error_type)
+    delivery.finish(call::after_close(result, closed), &error_type)
 }
 
 /// One delivery's report: its span, its start, and whether it read first.

@@ -209,8 +209,12 @@ impl Publisher for OutboxPublisher {
         check_topic_name(topic)?;
         let record = self.record(message)?;
         let partitions = self.partition_count(topic).await?;
-        let placed_by = record_key(message).unwrap_or(message.message_id());
-        let partition = partition_for(placed_by.as_bytes(), partitions);
+        // A record without a key is placed by its id, so that its retries land alike.
+        let placed_by = record
+            .key
+            .as_deref()
+            .unwrap_or(message.message_id().as_bytes());
+        let partition = partition_for(placed_by, partitions);
         let client = self.partition_client(topic, partition).await?;
         match client
             .produce(vec![record], Compression::NoCompression)

@@ -8,29 +8,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use broker_test_support::{announce_each, eager, outbox_database, parked_once, server_url, unsent};
 use diesel::result::Error;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay, RelaySettings};
-use diesel_inbox::testing::{TestDatabase, select_i64};
-use diesel_inbox::{InboxBackend, Outcome, idempotent};
+use diesel_async::AsyncPgConnection;
+use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay};
+use diesel_inbox::testing::TestDatabase;
+use diesel_inbox::{Outcome, idempotent};
 use diesel_inbox_kafka::{ID_HEADER, OutboxPublisher, RecordKey, message_key};
 use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 use rskafka::record::RecordAndOffset;
-
-/// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
-/// where it fails.
-fn server_url(variable: &str) -> Option<String> {
-    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
-    if url.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{variable} is not set, and CI runs every suite"
-        );
-        eprintln!("SKIPPED: {variable} is not set");
-    }
-    url
-}
 
 const PARTITIONS: i32 = 3;
 
@@ -43,7 +30,7 @@ struct Fixture {
 
 async fn fixture(test: &str) -> Option<Fixture> {
     let kafka = server_url("KAFKA_URL")?;
-    let postgres = server_url("POSTGRES_URL")?;
+    let db = outbox_database(&format!("kafka_outbox_{test}")).await?;
     let client = ClientBuilder::new(vec![kafka])
         .build()
         .await
@@ -56,13 +43,6 @@ async fn fixture(test: &str) -> Option<Fixture> {
         .create_topic(&topic, PARTITIONS, 1, 5_000)
         .await
         .expect("create the topic");
-    let db = TestDatabase::postgres(&postgres, &format!("kafka_outbox_{test}"))
-        .await
-        .expect("test schema");
-    let mut conn = db.connect().await.expect("connect");
-    outbox::migrate(&mut conn)
-        .await
-        .expect("migrate the outbox");
     Some(Fixture {
         client: Arc::new(client),
         topic,
@@ -121,44 +101,11 @@ impl Fixture {
     }
 }
 
-#[idempotent(consumer = "kafka-outbox", key = key)]
-async fn announce<C>(
-    conn: &mut C,
-    key: &str,
-    message: OutboxMessage,
-    fail: bool,
-) -> Result<String, Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let id = outbox::enqueue(conn, message).await?;
-    if fail {
-        return Err(Error::RollbackTransaction);
-    }
-    Ok(id)
-}
-
 /// The receiving service: records each record it processes.
 #[idempotent(consumer = "kafka-receiver", key = key)]
 async fn receive(conn: &mut AsyncPgConnection, key: RecordKey<'_>) -> Result<(), Error> {
     let _ = (conn, key);
     Ok(())
-}
-
-fn eager() -> RelaySettings {
-    RelaySettings::new()
-        .with_poll_interval(Duration::from_millis(20))
-        .with_backoff(Duration::from_millis(50), Duration::from_millis(300))
-}
-
-async fn unsent(conn: &mut AsyncPgConnection) -> i64 {
-    select_i64(
-        conn,
-        "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL",
-    )
-    .await
-    .expect("count unsent")
 }
 
 /// The id a record carries, read as a receiver reads its key.
@@ -175,18 +122,12 @@ async fn the_relay_produces_what_committed_one_ordering_keys_records_in_one_part
         return;
     };
     let mut conn = fixture.db.connect().await.expect("connect");
-    let mut committed = Vec::new();
-    for n in 0..40 {
-        let fail = n % 4 == 3;
-        let message = OutboxMessage::new(fixture.topic.as_str(), n.to_string())
+    let mut committed = announce_each(&mut conn, 40, |n| {
+        OutboxMessage::new(fixture.topic.as_str(), n.to_string())
             .ordering_key(format!("account-{}", n % 5))
-            .header("n", n.to_string());
-        match announce(&mut conn, &format!("m-{n}"), message, fail).await {
-            Ok(Outcome::Processed(id)) => committed.push(id),
-            Err(_) if fail => {}
-            other => panic!("{other:?}"),
-        }
-    }
+            .header("n", n.to_string())
+    })
+    .await;
     let relay = Relay::spawn(fixture.db.clone(), fixture.publisher(), eager());
     let records = fixture.records(committed.len()).await;
     relay.shut_down().await;
@@ -301,19 +242,7 @@ async fn records_the_cluster_never_takes_are_parked_and_the_rest_go_out() {
     }
     let relay = Relay::spawn(fixture.db.clone(), fixture.publisher(), eager());
     let records = fixture.records(good).await;
-    let parked = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let parked = outbox::parked(&mut conn, 0, 10)
-                .await
-                .expect("list the parked");
-            if parked.len() == 3 {
-                return parked;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("all three are parked");
+    let parked = parked_once(&mut conn, 3).await;
     relay.shut_down().await;
 
     assert_eq!(records.values().map(Vec::len).sum::<usize>(), good);

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use broker_test_support::server_url;
 use diesel_async::RunQueryDsl;
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Disposition, idempotent};
@@ -20,20 +21,6 @@ use lapin::{BasicProperties, Channel, Connection};
 mod outage;
 #[path = "rabbitmq/outbox.rs"]
 mod outbox;
-
-/// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
-/// where it fails.
-fn server_url(variable: &str) -> Option<String> {
-    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
-    if url.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{variable} is not set, and CI runs every suite"
-        );
-        eprintln!("SKIPPED: {variable} is not set");
-    }
-    url
-}
 
 /// A channel of `connection` in confirm mode, which `Queues::settle` needs for its
 /// copies.

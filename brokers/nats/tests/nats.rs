@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, Context, Message, stream};
+use broker_test_support::server_url;
 use diesel_inbox::{Disposition, InboxKey};
 use diesel_inbox_nats::{
     CONSUMER_HEADER, MessageKey, ORIGINAL_ID_HEADER, REASON_HEADER, SEQUENCE_HEADER, STREAM_HEADER,
@@ -16,20 +17,6 @@ use futures_util::StreamExt;
 
 #[path = "nats/outbox.rs"]
 mod outbox;
-
-/// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
-/// where it fails.
-fn server_url(variable: &str) -> Option<String> {
-    let url = std::env::var(variable).ok().filter(|url| !url.is_empty());
-    if url.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{variable} is not set, and CI runs every suite"
-        );
-        eprintln!("SKIPPED: {variable} is not set");
-    }
-    url
-}
 
 struct Broker {
     jetstream: Context,

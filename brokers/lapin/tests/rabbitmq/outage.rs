@@ -22,7 +22,9 @@ use lapin::types::FieldTable;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::{Broker, broker, server_url};
+use broker_test_support::server_url;
+
+use super::{Broker, broker};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -6,55 +6,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use diesel::result::Error;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-use diesel_inbox::outbox::{self, OutboxMessage, Relay, RelaySettings};
-use diesel_inbox::testing::{TestDatabase, select_i64};
-use diesel_inbox::{Disposition, InboxBackend, Outcome, idempotent};
+use broker_test_support::{announce_each, eager, outbox_database, parked_once, unsent};
+use diesel_async::AsyncPgConnection;
+use diesel_inbox::Disposition;
+use diesel_inbox::outbox::{self, OutboxMessage, Relay};
+use diesel_inbox::testing::select_i64;
 use diesel_inbox_lapin::{OutboxPublisher, message_key};
 
 use super::outage::Proxy;
-use super::{Broker, broker, server_url};
-
-#[idempotent(consumer = "lapin-outbox", key = key)]
-async fn announce<C>(
-    conn: &mut C,
-    key: &str,
-    message: OutboxMessage,
-    fail: bool,
-) -> Result<String, Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let id = outbox::enqueue(conn, message).await?;
-    if fail {
-        return Err(Error::RollbackTransaction);
-    }
-    Ok(id)
-}
-
-/// A PostgreSQL schema of the test's own with the outbox migrated, or `None` without
-/// `POSTGRES_URL`.
-async fn outbox_database(name: &str) -> Option<TestDatabase<AsyncPgConnection>> {
-    let url = server_url("POSTGRES_URL")?;
-    let db = TestDatabase::postgres(&url, name)
-        .await
-        .expect("test schema");
-    let mut conn = db.connect().await.expect("connect");
-    outbox::migrate(&mut conn)
-        .await
-        .expect("migrate the outbox");
-    Some(db)
-}
-
-/// Retries at once and polls often, so that the tests wait little.
-fn eager() -> RelaySettings {
-    RelaySettings::new()
-        .with_poll_interval(Duration::from_millis(20))
-        .with_backoff(Duration::from_millis(50), Duration::from_millis(300))
-        .with_lease(Duration::from_secs(6))
-}
+use super::{Broker, broker};
 
 /// A message to the work queue, through the default exchange.
 fn to_queue(broker: &Broker, n: usize) -> OutboxMessage {
@@ -94,15 +54,6 @@ async fn wait_until_sent(conn: &mut AsyncPgConnection) {
     .expect("the relay marks what the broker confirmed");
 }
 
-async fn unsent(conn: &mut AsyncPgConnection) -> i64 {
-    select_i64(
-        conn,
-        "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL",
-    )
-    .await
-    .expect("count unsent")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_publishes_what_committed_and_nothing_else() {
     let Some(db) = outbox_database("lapin_outbox_commits").await else {
@@ -112,15 +63,7 @@ async fn the_relay_publishes_what_committed_and_nothing_else() {
         return;
     };
     let mut conn = db.connect().await.expect("connect");
-    let mut committed = Vec::new();
-    for n in 0..40 {
-        let fail = n % 4 == 3;
-        match announce(&mut conn, &format!("m-{n}"), to_queue(&broker, n), fail).await {
-            Ok(Outcome::Processed(id)) => committed.push(id),
-            Err(_) if fail => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    let mut committed = announce_each(&mut conn, 40, |n| to_queue(&broker, n)).await;
     let relay = Relay::spawn(
         db.clone(),
         OutboxPublisher::new(broker.url.clone()),
@@ -179,19 +122,7 @@ async fn unpublishable_messages_are_parked_and_the_rest_go_out() {
         eager(),
     );
     let received = receive(&broker, good.len()).await;
-    let parked = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let parked = outbox::parked(&mut conn, 0, 10)
-                .await
-                .expect("list the parked");
-            if parked.len() == 2 {
-                return parked;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("both unpublishable messages are parked");
+    let parked = parked_once(&mut conn, 2).await;
     relay.shut_down().await;
 
     assert_eq!(received.len(), good.len());

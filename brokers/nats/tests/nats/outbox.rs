@@ -5,50 +5,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use diesel::result::Error;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay, RelaySettings};
-use diesel_inbox::testing::{TestDatabase, select_i64};
-use diesel_inbox::{InboxBackend, Outcome, idempotent};
+use broker_test_support::{announce_each, eager, outbox_database, parked_once, unsent};
+use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay};
+use diesel_inbox::testing::select_i64;
 use diesel_inbox_nats::{MessageKey, OutboxPublisher, message_key};
 
-use super::{Broker, NOT_YET, broker, next, server_url};
-
-#[idempotent(consumer = "nats-outbox", key = key)]
-async fn announce<C>(
-    conn: &mut C,
-    key: &str,
-    message: OutboxMessage,
-    fail: bool,
-) -> Result<String, Error>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let id = outbox::enqueue(conn, message).await?;
-    if fail {
-        return Err(Error::RollbackTransaction);
-    }
-    Ok(id)
-}
-
-async fn outbox_database(name: &str) -> Option<TestDatabase<AsyncPgConnection>> {
-    let url = server_url("POSTGRES_URL")?;
-    let db = TestDatabase::postgres(&url, name)
-        .await
-        .expect("test schema");
-    let mut conn = db.connect().await.expect("connect");
-    outbox::migrate(&mut conn)
-        .await
-        .expect("migrate the outbox");
-    Some(db)
-}
-
-fn eager() -> RelaySettings {
-    RelaySettings::new()
-        .with_poll_interval(Duration::from_millis(20))
-        .with_backoff(Duration::from_millis(50), Duration::from_millis(300))
-}
+use super::{Broker, NOT_YET, broker, next};
 
 /// A message to the broker's work subject.
 fn to_work(broker: &Broker, n: usize) -> OutboxMessage {
@@ -76,15 +38,6 @@ async fn receive(broker: &Broker, expected: usize) -> HashMap<String, usize> {
     received
 }
 
-async fn unsent(conn: &mut AsyncPgConnection) -> i64 {
-    select_i64(
-        conn,
-        "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL",
-    )
-    .await
-    .expect("count unsent")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_publishes_what_committed_with_its_id() {
     let Some(db) = outbox_database("nats_outbox_commits").await else {
@@ -94,15 +47,7 @@ async fn the_relay_publishes_what_committed_with_its_id() {
         return;
     };
     let mut conn = db.connect().await.expect("connect");
-    let mut committed = Vec::new();
-    for n in 0..40 {
-        let fail = n % 4 == 3;
-        match announce(&mut conn, &format!("m-{n}"), to_work(&broker, n), fail).await {
-            Ok(Outcome::Processed(id)) => committed.push(id),
-            Err(_) if fail => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    let mut committed = announce_each(&mut conn, 40, |n| to_work(&broker, n)).await;
     let publisher = OutboxPublisher::new(broker.jetstream.clone());
     let relay = Relay::spawn(db.clone(), publisher, eager());
     let received = receive(&broker, committed.len()).await;
@@ -208,19 +153,7 @@ async fn messages_no_stream_takes_are_parked_and_the_rest_go_out() {
     let publisher = OutboxPublisher::new(broker.jetstream.clone());
     let relay = Relay::spawn(db.clone(), publisher, eager());
     let received = receive(&broker, good).await;
-    let parked = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let parked = outbox::parked(&mut conn, 0, 10)
-                .await
-                .expect("list the parked");
-            if parked.len() == 2 {
-                return parked;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("both are parked");
+    let parked = parked_once(&mut conn, 2).await;
     relay.shut_down().await;
 
     assert_eq!(received.len(), good);
