@@ -1,18 +1,24 @@
 //! `diesel_inbox_kafka` against a local Kafka broker (`KAFKA_URL`, `host:port`) with the
 //! outbox on the local PostgreSQL: committed messages are produced with their id, one
 //! key's records land in one partition in commit order, a copy produced again after a
-//! relay's crash is absorbed by the receiver's inbox, and records the cluster never
-//! takes are parked. Each test creates topics of its own and deletes them at the end.
+//! relay's crash is absorbed by the receiver's inbox, records the cluster never takes
+//! are parked, and a broker out of reach holds messages back until it returns (on a
+//! broker of that test's own). Each test creates topics of its own and deletes them at
+//! the end.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_test_support::{announce_each, eager, outbox_database, parked_once, server_url, unsent};
+use broker_test_support::{
+    Proxy, announce_each, eager, outbox_database, parked_once, server_url, unsent,
+};
 use diesel::result::Error;
 use diesel_async::AsyncPgConnection;
 use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay};
-use diesel_inbox::testing::TestDatabase;
+use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Outcome, idempotent};
 use diesel_inbox_kafka::{ID_HEADER, OutboxPublisher, RecordKey, message_key};
 use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
@@ -30,6 +36,11 @@ struct Fixture {
 
 async fn fixture(test: &str) -> Option<Fixture> {
     let kafka = server_url("KAFKA_URL")?;
+    fixture_at(kafka, test).await
+}
+
+/// [`fixture`] on the broker at `kafka`.
+async fn fixture_at(kafka: String, test: &str) -> Option<Fixture> {
     let db = outbox_database(&format!("kafka_outbox_{test}")).await?;
     let client = ClientBuilder::new(vec![kafka])
         .build()
@@ -253,6 +264,133 @@ async fn records_the_cluster_never_takes_are_parked_and_the_rest_go_out() {
     assert!(reasons[0].contains("no topic"), "{reasons:?}");
     assert!(reasons[1].contains("not a topic name"), "{reasons:?}");
     assert!(reasons[2].contains("the message's id"), "{reasons:?}");
+    drop(conn);
+    fixture.cleanup().await;
+}
+
+/// A Tansu broker of a test's own, in memory, behind a [`Proxy`] that it advertises as
+/// its address: clients reach it only through the proxy, so that cutting the proxy cuts
+/// them off. (The shared broker advertises its own address, past any proxy.)
+struct OwnBroker {
+    proxy: Arc<Proxy>,
+    _process: tokio::process::Child,
+}
+
+/// Starts an [`OwnBroker`] with the `tansu` that `scripts/kafka.sh` installs (under
+/// `TANSU_ROOT`, by default /opt/tansu); `None` where the suite is skipped.
+async fn own_broker() -> Option<OwnBroker> {
+    server_url("KAFKA_URL")?;
+    let root = std::env::var("TANSU_ROOT").unwrap_or_else(|_| "/opt/tansu".to_owned());
+    let tansu = format!("{root}/bin/tansu");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = Proxy::start(upstream).await;
+    let process = tokio::process::Command::new(&tansu)
+        .args(["broker", "--storage-engine", "memory://tansu/"])
+        .arg("--listener-url")
+        .arg(format!("tcp://{upstream}"))
+        .arg("--advertised-listener-url")
+        .arg(format!("tcp://{}", proxy.address()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|error| panic!("{tansu}: {error}; `scripts/kafka.sh start` installs it"));
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(upstream).await.is_ok() {
+            return Some(OwnBroker {
+                proxy,
+                _process: process,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("tansu did not listen on {upstream} within 10 s");
+}
+
+/// The broker out of reach for a while: the relay keeps trying, the outbox holds what
+/// could not go out, and it all goes out, each message at least once, when the broker
+/// is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_out_of_reach_holds_messages_back_until_it_returns() {
+    let Some(broker) = own_broker().await else {
+        return;
+    };
+    let Some(fixture) = fixture_at(broker.proxy.address().to_string(), "outage").await else {
+        return;
+    };
+    let relay = Relay::spawn(fixture.db.clone(), fixture.publisher(), eager());
+    let mut conn = fixture.db.connect().await.expect("connect");
+    let mut enqueued = Vec::new();
+    let message = |n: usize| OutboxMessage::new(fixture.topic.as_str(), n.to_string());
+    for n in 0..10 {
+        enqueued.push(
+            outbox::enqueue(&mut conn, message(n))
+                .await
+                .expect("enqueue"),
+        );
+    }
+    fixture.records(10).await;
+    // A produce still unanswered when the connections are cut would go out again:
+    // cut once the first ten are marked.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while unsent(&mut conn).await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first ten are marked sent");
+
+    broker.proxy.cut();
+    for n in 10..40 {
+        enqueued.push(
+            outbox::enqueue(&mut conn, message(n))
+                .await
+                .expect("enqueue"),
+        );
+    }
+    // Each try ends at the publish time-out, 2 s with `eager`'s 6 s lease.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        unsent(&mut conn).await,
+        30,
+        "the outbox holds what the broker could not take"
+    );
+    let attempts = select_i64(
+        &mut conn,
+        "SELECT CAST(COALESCE(MAX(attempts), 0) AS BIGINT) FROM inbox_outbox",
+    )
+    .await
+    .expect("attempts");
+    assert!(attempts >= 2, "the relay kept trying: {attempts} attempts");
+
+    broker.proxy.restore();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while unsent(&mut conn).await > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the outbox drains once the broker is back");
+    relay.shut_down().await;
+    let records = fixture.records(40).await;
+    let topic = fixture.topic.as_str();
+    let mut produced: Vec<&str> = records
+        .iter()
+        .flat_map(|(&partition, records)| {
+            records
+                .iter()
+                .map(move |record| id_of(topic, partition, record))
+        })
+        .collect();
+    produced.sort_unstable();
+    produced.dedup();
+    enqueued.sort();
+    assert_eq!(produced, enqueued, "every message, none lost");
     drop(conn);
     fixture.cleanup().await;
 }

@@ -1,7 +1,9 @@
 //! What the broker crates' suites (`brokers/lapin`, `brokers/nats`, `brokers/kafka`)
 //! share: the service URLs, a PostgreSQL schema with the outbox, a handler that
 //! enqueues one message, relay settings that keep the tests short, and what they ask
-//! of the outbox. Not published.
+//! of the outbox, and a TCP proxy to cut a server off ([`Proxy`]). Not published.
+
+mod proxy;
 
 use std::time::Duration;
 
@@ -10,6 +12,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use diesel_inbox::outbox::{self, OutboxMessage, Outgoing, RelaySettings};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{InboxBackend, Outcome, idempotent};
+
+pub use proxy::Proxy;
 
 /// The URL in `variable`; the suite is skipped without it, except under CI (`CI` set),
 /// where it fails.

@@ -1,5 +1,6 @@
 //! What the outbox costs and how fast it delivers, on PostgreSQL: the credit handler
 //! with and without one `outbox::enqueue` (the cost of the outbox row), then per broker
+//! (RabbitMQ, NATS JetStream, and Kafka where `KAFKA_URL` names one)
 //! the relay's throughput draining a filled outbox, and the latency from a credit's
 //! commit to the event's arrival at a consumer (which follows the broker's ack), for
 //! the relay's poll intervals. Prints a Markdown report.
@@ -84,6 +85,9 @@ async fn main() -> anyhow::Result<()> {
     let amqp = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".to_owned());
     let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".to_owned());
+    let kafka_url = std::env::var("KAFKA_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
     let db = TestDatabase::<AsyncPgConnection>::postgres(&pg, "outbox_bench").await?;
     let mut conn = db.connect().await?;
     outbox::migrate(&mut conn).await?;
@@ -99,6 +103,10 @@ async fn main() -> anyhow::Result<()> {
     let queue = format!("outbox-bench-{}", std::process::id());
     let rabbit = rabbitmq::Target::declare(&amqp, &queue).await?;
     let jetstream = nats::Target::create(&nats, &queue.replace('-', "_")).await?;
+    let kafka = match &kafka_url {
+        Some(url) => Some(kafka::Target::create(url, &queue.replace('-', "_")).await?),
+        None => None,
+    };
 
     println!(
         "\n### The relay's throughput, draining {} messages\n",
@@ -130,6 +138,20 @@ async fn main() -> anyhow::Result<()> {
         .await?;
         println!("| NATS JetStream | {relays} | {rate:.0} |");
         jetstream.purge().await?;
+        if let Some(kafka) = &kafka {
+            kafka.purge().await?;
+            let publisher = || kafka.publisher();
+            let rate = drain(
+                &db,
+                &args,
+                relays,
+                publisher,
+                || kafka.message(),
+                || kafka.count(),
+            )
+            .await?;
+            println!("| Kafka (Tansu) | {relays} | {rate:.0} |");
+        }
     }
 
     println!(
@@ -155,10 +177,26 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         println!("| NATS JetStream | {poll:?} | {row} |");
+        if let Some(kafka) = &kafka {
+            let arrivals = kafka.arrivals().await?;
+            let row = latency(
+                &db,
+                &args,
+                poll,
+                kafka.publisher(),
+                || kafka.message(),
+                arrivals,
+            )
+            .await?;
+            println!("| Kafka (Tansu) | {poll:?} | {row} |");
+        }
     }
 
     rabbit.delete().await?;
     jetstream.delete().await?;
+    if let Some(kafka) = kafka {
+        kafka.delete().await?;
+    }
     drop(conn);
     db.cleanup().await?;
     Ok(())
@@ -520,6 +558,96 @@ mod nats {
 
         pub(super) async fn delete(&self) -> anyhow::Result<()> {
             self.context.delete_stream(&self.name).await?;
+            Ok(())
+        }
+    }
+}
+
+mod kafka {
+    use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
+    use rskafka::client::{Client, ClientBuilder};
+
+    use super::*;
+
+    /// A topic of one partition, so that counting and reading it is one partition's
+    /// offsets; the publisher's partitioning is measured by the Kafka crate's tests.
+    pub(super) struct Target {
+        client: Arc<Client>,
+        partition: Arc<PartitionClient>,
+        topic: String,
+        /// The offset counting starts from, moved on by `purge`.
+        base: Mutex<i64>,
+    }
+
+    impl Target {
+        pub(super) async fn create(url: &str, topic: &str) -> anyhow::Result<Self> {
+            let client = ClientBuilder::new(vec![url.to_owned()]).build().await?;
+            let controller = client.controller_client()?;
+            let _ = controller.delete_topic(topic, 5_000).await;
+            controller.create_topic(topic, 1, 1, 5_000).await?;
+            let partition = client
+                .partition_client(topic, 0, UnknownTopicHandling::Retry)
+                .await?;
+            Ok(Self {
+                client: Arc::new(client),
+                partition: Arc::new(partition),
+                topic: topic.to_owned(),
+                base: Mutex::new(0),
+            })
+        }
+
+        pub(super) fn publisher(&self) -> diesel_inbox_kafka::OutboxPublisher {
+            diesel_inbox_kafka::OutboxPublisher::new(Arc::clone(&self.client))
+        }
+
+        pub(super) fn message(&self) -> OutboxMessage {
+            OutboxMessage::new(self.topic.as_str(), vec![0; 100])
+        }
+
+        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+            let latest = self.partition.get_offset(OffsetAt::Latest).await?;
+            let base = *self.base.lock().unwrap();
+            Ok(u64::try_from(latest - base)?)
+        }
+
+        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+            let latest = self.partition.get_offset(OffsetAt::Latest).await?;
+            *self.base.lock().unwrap() = latest;
+            Ok(())
+        }
+
+        /// A reader from the partition's end on, fetching as soon as the last fetch
+        /// returned: an empty fetch waits at most 5 ms on the broker.
+        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+            let mut next = self.partition.get_offset(OffsetAt::Latest).await?;
+            let partition = Arc::clone(&self.partition);
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while !sender.is_closed() {
+                    let (records, _) = partition.fetch_records(next, 1..1_000_000, 5).await?;
+                    let at = Instant::now();
+                    for record in records {
+                        next = record.offset + 1;
+                        let id = record
+                            .record
+                            .headers
+                            .get(diesel_inbox_kafka::ID_HEADER)
+                            .context("a record without its id")?;
+                        if sender.send((String::from_utf8(id.clone())?, at)).is_err() {
+                            break;
+                        }
+                    }
+                }
+                anyhow::Ok(())
+            });
+            Ok(Arrivals(receiver))
+        }
+
+        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+            self.client
+                .controller_client()?
+                .delete_topic(&self.topic, 5_000)
+                .await?;
             Ok(())
         }
     }

@@ -6,14 +6,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use broker_test_support::{announce_each, eager, outbox_database, parked_once, unsent};
+use broker_test_support::{Proxy, announce_each, eager, outbox_database, parked_once, unsent};
 use diesel_async::AsyncPgConnection;
 use diesel_inbox::Disposition;
 use diesel_inbox::outbox::{self, OutboxMessage, Relay};
 use diesel_inbox::testing::select_i64;
 use diesel_inbox_lapin::{OutboxPublisher, message_key};
 
-use super::outage::Proxy;
 use super::{Broker, broker};
 
 /// A message to the work queue, through the default exchange.
