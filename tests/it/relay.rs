@@ -198,3 +198,46 @@ async fn shutting_down_does_not_wait_for_a_connection() {
         .await
         .expect("stops while waiting for a connection");
 }
+
+/// A relay polling once an hour publishes a message committed after its first round
+/// only when woken; a wake while it is busy is kept for when it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_relay_looks_at_once() {
+    let (db, mut conn) = outbox_with("relay_woken", &["first"]).await;
+    let recorder: &'static Recorder = Box::leak(Box::new(Recorder {
+        delay: Duration::from_millis(200),
+        ..Recorder::default()
+    }));
+    let settings = RelaySettings::new().with_poll_interval(Duration::from_secs(3_600));
+    let relay = Relay::spawn(db.clone(), recorder, settings);
+    let waker = relay.waker();
+    let published = async |expected: usize| {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while recorder.published.lock().unwrap().len() < expected {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{expected} published"));
+    };
+    // Woken while the first round publishes: the wake waits for the round's end.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    outbox::enqueue(&mut conn, OutboxMessage::new("d", "second"))
+        .await
+        .unwrap();
+    waker.wake();
+    published(2).await;
+    // Woken while it waits for its next poll.
+    outbox::enqueue(&mut conn, OutboxMessage::new("d", "third"))
+        .await
+        .unwrap();
+    waker.wake();
+    published(3).await;
+    relay.shut_down().await;
+    assert_eq!(
+        *recorder.published.lock().unwrap(),
+        ["first", "second", "third"]
+    );
+    drop(conn);
+    db.cleanup().await.unwrap();
+}

@@ -159,36 +159,54 @@ async fn main() -> anyhow::Result<()> {
         args.rate, args.latency_seconds
     );
     println!("| broker | poll interval | p50 | p99 | max |\n|---|---|---|---|---|");
-    for poll in [100, 20, 5] {
+    // The last row wakes the relay after each commit, as the committing process can.
+    let rows = [(100, false), (20, false), (5, false), (100, true)];
+    for (poll, woken) in rows {
         let poll = Duration::from_millis(poll);
+        let label = if woken {
+            format!("{poll:?}, woken")
+        } else {
+            format!("{poll:?}")
+        };
         let publisher = diesel_inbox_lapin::OutboxPublisher::new(amqp.clone());
         let arrivals = rabbit.arrivals().await?;
-        let row = latency(&db, &args, poll, publisher, || rabbit.message(), arrivals).await?;
-        println!("| RabbitMQ | {poll:?} | {row} |");
+        let row = latency(
+            &db,
+            &args,
+            poll,
+            woken,
+            publisher,
+            || rabbit.message(),
+            arrivals,
+        )
+        .await?;
+        println!("| RabbitMQ | {label} | {row} |");
         let publisher = diesel_inbox_nats::OutboxPublisher::new(jetstream.context.clone());
         let arrivals = jetstream.arrivals().await?;
         let row = latency(
             &db,
             &args,
             poll,
+            woken,
             publisher,
             || jetstream.message(),
             arrivals,
         )
         .await?;
-        println!("| NATS JetStream | {poll:?} | {row} |");
+        println!("| NATS JetStream | {label} | {row} |");
         if let Some(kafka) = &kafka {
             let arrivals = kafka.arrivals().await?;
             let row = latency(
                 &db,
                 &args,
                 poll,
+                woken,
                 kafka.publisher(),
                 || kafka.message(),
                 arrivals,
             )
             .await?;
-            println!("| Kafka (Tansu) | {poll:?} | {row} |");
+            println!("| Kafka (Tansu) | {label} | {row} |");
         }
     }
 
@@ -310,11 +328,13 @@ where
 }
 
 /// Enqueues `args.rate` events a second, each in its own committed transaction, and
-/// reports the delays from each commit to its event's arrival.
+/// reports the delays from each commit to its event's arrival; with `wake`, each commit
+/// wakes the relay.
 async fn latency<P, M>(
     db: &TestDatabase<AsyncPgConnection>,
     args: &Args,
     poll: Duration,
+    wake: bool,
     publisher: P,
     message: M,
     arrivals: Arrivals,
@@ -324,6 +344,7 @@ where
     M: Fn() -> OutboxMessage,
 {
     let relay = Relay::spawn(db.clone(), publisher, fast(poll));
+    let waker = relay.waker();
     let mut conn = db.connect().await?;
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let total = args.rate * args.latency_seconds;
@@ -334,6 +355,9 @@ where
         let id = outbox::enqueue(&mut conn, message()).await?;
         conn.batch_execute("COMMIT").await?;
         committed.lock().unwrap().insert(id, Instant::now());
+        if wake {
+            waker.wake();
+        }
     }
     let arrived = arrivals.collect(total as usize).await?;
     relay.shut_down().await;

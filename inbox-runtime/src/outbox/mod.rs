@@ -55,7 +55,7 @@ use message::{encode_headers, next_default_id};
 pub use pruning::prune_sent;
 pub use publisher::{PublishError, Publisher};
 #[cfg(feature = "relay")]
-pub use relay::{Relay, RelaySettings};
+pub use relay::{Relay, RelaySettings, RelayWaker};
 pub use relaying::{Outgoing, Taken, discard, parked, requeue, sent_all, take};
 
 /// Creates the outbox's tables where they are missing: `inbox_outbox`, and

@@ -1,12 +1,13 @@
 //! The relay: a background task that publishes the outbox's committed messages
 //! (feature `relay`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use diesel_async::AsyncConnection;
 use futures_util::future::join_all;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 
@@ -136,7 +137,8 @@ impl Default for RelaySettings {
 ///
 /// Run one on every instance: relays on one outbox share its messages.
 /// [`Relay::shut_down`] stops it between rounds: a round under way publishes and
-/// settles what it took first.
+/// settles what it took first. Between polls, [`Relay::waker`] lets the instance that
+/// commits a message have it published at once.
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")] mod example {
@@ -165,7 +167,25 @@ impl Default for RelaySettings {
 #[derive(Debug)]
 pub struct Relay {
     stop: watch::Sender<bool>,
+    wake: RelayWaker,
     task: JoinHandle<()>,
+}
+
+/// Wakes a [`Relay`] waiting for its next poll, so that it looks for due messages at
+/// once: call [`wake`](Self::wake) once a transaction that enqueued has committed
+/// (after a handler returns `Processed`, say). Cheap, and cloned freely.
+///
+/// Only the relay of this process wakes; the others still find the message at their
+/// next poll. A wake while the relay is busy makes it look again as soon as it is done,
+/// so none is lost; several wakes before it looks count as one.
+#[derive(Debug, Clone, Default)]
+pub struct RelayWaker(Arc<Notify>);
+
+impl RelayWaker {
+    /// Has the relay look for due messages now rather than at its next poll.
+    pub fn wake(&self) {
+        self.0.notify_one();
+    }
 }
 
 impl Relay {
@@ -177,8 +197,15 @@ impl Relay {
         P: Publisher,
     {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(relay(connect, publisher, settings, stopped));
-        Self { stop, task }
+        let wake = RelayWaker::default();
+        let woken = Arc::clone(&wake.0);
+        let task = tokio::spawn(relay(connect, publisher, settings, stopped, woken));
+        Self { stop, wake, task }
+    }
+
+    /// A handle that wakes this relay between polls.
+    pub fn waker(&self) -> RelayWaker {
+        self.wake.clone()
     }
 
     /// Stops relaying: waits for a round under way to publish and settle what it took,
@@ -196,6 +223,7 @@ async fn relay<S, P>(
     publisher: P,
     settings: RelaySettings,
     stopped: watch::Receiver<bool>,
+    woken: Arc<Notify>,
 ) where
     S: ConnectionSource,
     S::Connection: Send,
@@ -255,7 +283,10 @@ async fn relay<S, P>(
             Ok(settled) => {
                 settled.report(&span);
                 if settled.taken < settings.batch {
-                    pause(&stopped, settings.poll_interval).await;
+                    tokio::select! {
+                        () = pause(&stopped, settings.poll_interval) => {}
+                        () = woken.notified() => {}
+                    }
                 }
             }
             Err(error) => {
