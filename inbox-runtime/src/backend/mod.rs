@@ -119,7 +119,14 @@ mod savepoint;
 )]
 pub trait InboxBackend: diesel::backend::Backend + sealed::Sealed {}
 
-impl<DB: diesel::backend::Backend + sealed::Sealed> InboxBackend for DB {}
+// One impl per backend rather than a blanket impl over `Sealed`: an unsupported backend
+// then fails with this trait's message alone, not also with a raw error on `Sealed`.
+#[cfg(feature = "postgres")]
+impl InboxBackend for diesel::pg::Pg {}
+#[cfg(feature = "mysql")]
+impl InboxBackend for diesel::mysql::Mysql {}
+#[cfg(feature = "sqlite")]
+impl InboxBackend for diesel::sqlite::Sqlite {}
 
 /// How the crate's error for a session it cannot work in begins (see `session_check`):
 /// retried, since no message is at fault, while someone changes the setting it names.
