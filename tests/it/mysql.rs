@@ -859,105 +859,6 @@ async fn every_sql_mode_is_served() {
     db.cleanup().await;
 }
 
-/// Enqueues two messages under the ordering key `key`.
-#[idempotent(consumer = "mysql-announce", key = key)]
-async fn announce_twice(conn: &mut AsyncMysqlConnection, key: &str) -> Result<(), Error> {
-    use diesel_inbox::outbox::{self, OutboxMessage};
-
-    // The second is empty: no routing key, no headers, no payload.
-    for payload in ["first", ""] {
-        let message = OutboxMessage::new("d", payload.as_bytes().to_vec()).ordering_key(key);
-        outbox::enqueue(conn, message).await?;
-    }
-    Ok(())
-}
-
-/// Enqueues two messages of one ordering key, then takes, parks, requeues, sends,
-/// discards and prunes them, checking from a second session that each step committed.
-/// Before each step the session reads, which opens a transaction where autocommit is
-/// off. `label` names the session's settings.
-async fn relay_each_step_commits(db: &MysqlDb, conn: &mut AsyncMysqlConnection, label: &str) {
-    use diesel_inbox::outbox;
-
-    let mut observer = db.connect().await;
-    let mut committed = async |sql: &str| select_i64(&mut observer, sql).await.expect(sql);
-    assert_eq!(
-        announce_twice(conn, label).await,
-        Ok(Outcome::Processed(())),
-        "{label}"
-    );
-    let unsent = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL AND NOT parked";
-    assert_eq!(committed(unsent).await, 2, "{label}");
-
-    let read = async |conn: &mut AsyncMysqlConnection| {
-        select_i64(conn, "SELECT COUNT(*) FROM inbox_outbox")
-            .await
-            .expect("the session's read");
-    };
-    let lease = Duration::from_secs(30);
-    read(conn).await;
-    let mut taken = outbox::take(conn, lease, 10)
-        .await
-        .unwrap_or_else(|error| panic!("{label}: take: {error}"));
-    assert_eq!(
-        taken.len(),
-        1,
-        "{label}: the key's second waits for its first"
-    );
-    let first = taken.remove(0);
-    let row = first.message().row_id();
-    read(conn).await;
-    assert!(
-        first.park(conn, "probe").await.expect("park"),
-        "{label}: parked"
-    );
-    read(conn).await;
-    let parked = outbox::parked(conn, 0, 10).await.expect("parked");
-    assert_eq!(parked.len(), 1, "{label}");
-    read(conn).await;
-    assert!(
-        outbox::requeue(conn, row).await.expect("requeue"),
-        "{label}"
-    );
-    assert_eq!(committed(unsent).await, 2, "{label}: requeued");
-
-    let first = outbox::take(conn, lease, 10).await.expect("take again");
-    assert_eq!(first.len(), 1, "{label}");
-    read(conn).await;
-    outbox::sent_all(conn, first).await.expect("sent");
-    let sent = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NOT NULL";
-    assert_eq!(committed(sent).await, 1, "{label}: sent");
-
-    let mut second = outbox::take(conn, lease, 10)
-        .await
-        .expect("take the second");
-    assert_eq!(second.len(), 1, "{label}");
-    let second = second.remove(0);
-    let row = second.message().row_id();
-    assert!(second.park(conn, "probe").await.expect("park"), "{label}");
-    read(conn).await;
-    assert!(
-        outbox::discard(conn, row).await.expect("discard"),
-        "{label}"
-    );
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    read(conn).await;
-    let pruned = outbox::prune_sent(conn, Duration::from_millis(1))
-        .await
-        .unwrap_or_else(|error| panic!("{label}: prune: {error}"));
-    assert_eq!(pruned, 1, "{label}");
-    assert_eq!(
-        committed("SELECT COUNT(*) FROM inbox_outbox").await,
-        0,
-        "{label}"
-    );
-    assert_eq!(
-        committed("SELECT COUNT(*) FROM inbox_outbox_keys").await,
-        0,
-        "{label}: the key's row goes with its last message"
-    );
-}
-
 /// The relay's and the pruner's transactions begin and commit whatever the session
 /// does between them: autocommit off with a transaction left open by a read (MySQL
 /// refused to set the isolation of the next transaction inside it), `COMMIT` chaining
@@ -967,26 +868,20 @@ async fn the_relay_commits_in_every_session() {
     let Some(db) = create("relay_sessions").await else {
         return;
     };
-    bounded(async {
-        let mut setup = db.connect().await;
-        diesel_inbox::outbox::migrate(&mut setup)
-            .await
-            .expect("migrate the outbox");
-        let sessions = [
-            "SET autocommit = 0",
-            "SET completion_type = 'CHAIN'",
-            "SET autocommit = 0, completion_type = 'CHAIN'",
-            "SET sql_mode = 'ORACLE'",
-            "SET sql_mode = 'ANSI'",
-            "SET sql_mode = 'TRADITIONAL,NO_BACKSLASH_ESCAPES'",
-            "SET sql_mode = 'MSSQL'",
-            "SET sql_mode = 'EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT'",
-        ];
-        for settings in sessions {
-            let mut conn = common::connect_with(&db, settings).await;
-            relay_each_step_commits(&db, &mut conn, settings).await;
-        }
-    })
+    let sessions = [
+        "SET autocommit = 0",
+        "SET completion_type = 'CHAIN'",
+        "SET autocommit = 0, completion_type = 'CHAIN'",
+        "SET sql_mode = 'ORACLE'",
+        "SET sql_mode = 'ANSI'",
+        "SET sql_mode = 'TRADITIONAL,NO_BACKSLASH_ESCAPES'",
+        "SET sql_mode = 'MSSQL'",
+        "SET sql_mode = 'EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT'",
+    ];
+    bounded(common::outbox::relay_commits_in_each_session(
+        db.clone(),
+        &sessions,
+    ))
     .await;
     db.cleanup().await;
 }

@@ -263,3 +263,24 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
     .await;
     db.cleanup().await;
 }
+
+/// The relay's, the pruner's and the operator's calls commit whatever the connection's
+/// pragmas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_commits_in_every_session() {
+    let Some(db) = create("relay_sessions").await else {
+        return;
+    };
+    let sessions = [
+        "PRAGMA read_uncommitted = ON",
+        "PRAGMA synchronous = OFF",
+        "PRAGMA recursive_triggers = ON; PRAGMA foreign_keys = ON",
+        "PRAGMA case_sensitive_like = ON",
+    ];
+    bounded(common::outbox::relay_commits_in_each_session(
+        db.clone(),
+        &sessions,
+    ))
+    .await;
+    db.cleanup().await;
+}

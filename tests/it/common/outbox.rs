@@ -593,6 +593,117 @@ pub async fn failed_publishes_are_retried_or_parked<D: TestDb>(db: D) {
     );
 }
 
+/// Enqueues two messages under the ordering key `key`.
+#[idempotent(consumer = "outbox-announce-twice", key = key)]
+async fn announce_twice<C>(conn: &mut C, key: &str) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    // The second is empty: no routing key, no headers, no payload.
+    for payload in ["first", ""] {
+        let message = OutboxMessage::new("d", payload.as_bytes().to_vec()).ordering_key(key);
+        outbox::enqueue(conn, message).await?;
+    }
+    Ok(())
+}
+
+/// Enqueues two messages of one ordering key, then takes, parks, requeues, sends,
+/// discards and prunes them, checking from a second session that each step committed.
+/// Before each step the session reads, which opens a transaction where autocommit is
+/// off. `label` names the session's settings.
+pub async fn relay_steps_commit<D: TestDb>(db: &D, conn: &mut D::Conn, label: &str) {
+    let mut observer = db.connect().await;
+    let mut committed = async |sql: &str| select_i64(&mut observer, sql).await.expect(sql);
+    assert_eq!(
+        announce_twice(conn, label).await,
+        Ok(Outcome::Processed(())),
+        "{label}"
+    );
+    let unsent = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL AND NOT parked";
+    assert_eq!(committed(unsent).await, 2, "{label}");
+
+    let read = async |conn: &mut D::Conn| {
+        select_i64(conn, "SELECT COUNT(*) FROM inbox_outbox")
+            .await
+            .expect("the session's read");
+    };
+    let lease = Duration::from_secs(30);
+    read(conn).await;
+    let mut taken = outbox::take(conn, lease, 10)
+        .await
+        .unwrap_or_else(|error| panic!("{label}: take: {error}"));
+    assert_eq!(
+        taken.len(),
+        1,
+        "{label}: the key's second waits for its first"
+    );
+    let first = taken.remove(0);
+    let row = first.message().row_id();
+    read(conn).await;
+    assert!(
+        first.park(conn, "probe").await.expect("park"),
+        "{label}: parked"
+    );
+    read(conn).await;
+    let parked = outbox::parked(conn, 0, 10).await.expect("parked");
+    assert_eq!(parked.len(), 1, "{label}");
+    read(conn).await;
+    assert!(
+        outbox::requeue(conn, row).await.expect("requeue"),
+        "{label}"
+    );
+    assert_eq!(committed(unsent).await, 2, "{label}: requeued");
+
+    let first = outbox::take(conn, lease, 10).await.expect("take again");
+    assert_eq!(first.len(), 1, "{label}");
+    read(conn).await;
+    outbox::sent_all(conn, first).await.expect("sent");
+    let sent = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NOT NULL";
+    assert_eq!(committed(sent).await, 1, "{label}: sent");
+
+    let mut second = outbox::take(conn, lease, 10)
+        .await
+        .expect("take the second");
+    assert_eq!(second.len(), 1, "{label}");
+    let second = second.remove(0);
+    let row = second.message().row_id();
+    assert!(second.park(conn, "probe").await.expect("park"), "{label}");
+    read(conn).await;
+    assert!(
+        outbox::discard(conn, row).await.expect("discard"),
+        "{label}"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    read(conn).await;
+    let pruned = outbox::prune_sent(conn, Duration::from_millis(1))
+        .await
+        .unwrap_or_else(|error| panic!("{label}: prune: {error}"));
+    assert_eq!(pruned, 1, "{label}");
+    assert_eq!(
+        committed("SELECT COUNT(*) FROM inbox_outbox").await,
+        0,
+        "{label}"
+    );
+    assert_eq!(
+        committed("SELECT COUNT(*) FROM inbox_outbox_keys").await,
+        0,
+        "{label}: the key's row goes with its last message"
+    );
+}
+
+/// [`relay_steps_commit`] in a session of each of `sessions`' settings.
+pub async fn relay_commits_in_each_session<D: TestDb>(db: D, sessions: &[&str]) {
+    let mut setup = db.connect().await;
+    outbox::migrate(&mut setup)
+        .await
+        .expect("migrate the outbox");
+    for settings in sessions {
+        let mut conn = super::connect_with(&db, settings).await;
+        relay_steps_commit(&db, &mut conn, settings).await;
+    }
+}
+
 macro_rules! outbox_scenarios {
     ($db:expr) => {
         outbox_scenarios!(@tests $db;
