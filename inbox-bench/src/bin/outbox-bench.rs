@@ -101,10 +101,10 @@ async fn main() -> anyhow::Result<()> {
     handler_cost(&db, &args).await?;
 
     let queue = format!("outbox-bench-{}", std::process::id());
-    let rabbit = rabbitmq::Target::declare(&amqp, &queue).await?;
-    let jetstream = nats::Target::create(&nats, &queue.replace('-', "_")).await?;
+    let rabbit = rabbitmq::RabbitMq::declare(&amqp, &queue).await?;
+    let jetstream = nats::JetStream::create(&nats, &queue.replace('-', "_")).await?;
     let kafka = match &kafka_url {
-        Some(url) => Some(kafka::Target::create(url, &queue.replace('-', "_")).await?),
+        Some(url) => Some(kafka::Kafka::create(url, &queue.replace('-', "_")).await?),
         None => None,
     };
 
@@ -113,45 +113,10 @@ async fn main() -> anyhow::Result<()> {
         args.drain
     );
     println!("| broker | relays | messages per second |\n|---|---|---|");
-    for relays in [1, 2] {
-        let publisher = || diesel_inbox_lapin::OutboxPublisher::new(amqp.clone());
-        let rate = drain(
-            &db,
-            &args,
-            relays,
-            publisher,
-            || rabbit.message(),
-            || rabbit.count(),
-        )
-        .await?;
-        println!("| RabbitMQ | {relays} | {rate:.0} |");
-        rabbit.purge().await?;
-        let publisher = || diesel_inbox_nats::OutboxPublisher::new(jetstream.context.clone());
-        let rate = drain(
-            &db,
-            &args,
-            relays,
-            publisher,
-            || jetstream.message(),
-            || jetstream.count(),
-        )
-        .await?;
-        println!("| NATS JetStream | {relays} | {rate:.0} |");
-        jetstream.purge().await?;
-        if let Some(kafka) = &kafka {
-            kafka.purge().await?;
-            let publisher = || kafka.publisher();
-            let rate = drain(
-                &db,
-                &args,
-                relays,
-                publisher,
-                || kafka.message(),
-                || kafka.count(),
-            )
-            .await?;
-            println!("| Kafka (Tansu) | {relays} | {rate:.0} |");
-        }
+    throughput_rows(&db, &args, &rabbit).await?;
+    throughput_rows(&db, &args, &jetstream).await?;
+    if let Some(kafka) = &kafka {
+        throughput_rows(&db, &args, kafka).await?;
     }
 
     println!(
@@ -159,55 +124,10 @@ async fn main() -> anyhow::Result<()> {
         args.rate, args.latency_seconds
     );
     println!("| broker | poll interval | p50 | p99 | max |\n|---|---|---|---|---|");
-    // The last row wakes the relay after each commit, as the committing process can.
-    let rows = [(100, false), (20, false), (5, false), (100, true)];
-    for (poll, woken) in rows {
-        let poll = Duration::from_millis(poll);
-        let label = if woken {
-            format!("{poll:?}, woken")
-        } else {
-            format!("{poll:?}")
-        };
-        let publisher = diesel_inbox_lapin::OutboxPublisher::new(amqp.clone());
-        let arrivals = rabbit.arrivals().await?;
-        let row = latency(
-            &db,
-            &args,
-            poll,
-            woken,
-            publisher,
-            || rabbit.message(),
-            arrivals,
-        )
-        .await?;
-        println!("| RabbitMQ | {label} | {row} |");
-        let publisher = diesel_inbox_nats::OutboxPublisher::new(jetstream.context.clone());
-        let arrivals = jetstream.arrivals().await?;
-        let row = latency(
-            &db,
-            &args,
-            poll,
-            woken,
-            publisher,
-            || jetstream.message(),
-            arrivals,
-        )
-        .await?;
-        println!("| NATS JetStream | {label} | {row} |");
-        if let Some(kafka) = &kafka {
-            let arrivals = kafka.arrivals().await?;
-            let row = latency(
-                &db,
-                &args,
-                poll,
-                woken,
-                kafka.publisher(),
-                || kafka.message(),
-                arrivals,
-            )
-            .await?;
-            println!("| Kafka (Tansu) | {label} | {row} |");
-        }
+    latency_rows(&db, &args, &rabbit).await?;
+    latency_rows(&db, &args, &jetstream).await?;
+    if let Some(kafka) = &kafka {
+        latency_rows(&db, &args, kafka).await?;
     }
 
     rabbit.delete().await?;
@@ -217,6 +137,54 @@ async fn main() -> anyhow::Result<()> {
     }
     drop(conn);
     db.cleanup().await?;
+    Ok(())
+}
+
+/// A broker destination the relay publishes to, and a consumer of it.
+trait Target {
+    type Publisher: Publisher;
+    /// The broker's name in the report.
+    const NAME: &'static str;
+
+    fn publisher(&self) -> Self::Publisher;
+    /// A 100-byte message to the destination.
+    fn message(&self) -> OutboxMessage;
+    /// How many messages the destination holds since the last purge.
+    async fn count(&self) -> anyhow::Result<u64>;
+    async fn purge(&self) -> anyhow::Result<()>;
+    /// A consumer from now on, reporting each message's id and arrival.
+    async fn arrivals(&self) -> anyhow::Result<Arrivals>;
+    async fn delete(&self) -> anyhow::Result<()>;
+}
+
+/// The throughput rows of `target`, with one relay and with two.
+async fn throughput_rows<T: Target>(
+    db: &TestDatabase<AsyncPgConnection>,
+    args: &Args,
+    target: &T,
+) -> anyhow::Result<()> {
+    for relays in [1, 2] {
+        let rate = drain(db, args, relays, target).await?;
+        println!("| {} | {relays} | {rate:.0} |", T::NAME);
+        // Emptied for the next count, and for the latency rows' consumers.
+        target.purge().await?;
+    }
+    Ok(())
+}
+
+/// The latency rows of `target`, by poll interval; the last wakes the relay after each
+/// commit, as the committing process can.
+async fn latency_rows<T: Target>(
+    db: &TestDatabase<AsyncPgConnection>,
+    args: &Args,
+    target: &T,
+) -> anyhow::Result<()> {
+    for (poll, woken) in [(100, false), (20, false), (5, false), (100, true)] {
+        let poll = Duration::from_millis(poll);
+        let row = latency(db, args, poll, woken, target).await?;
+        let woken = if woken { ", woken" } else { "" };
+        println!("| {} | {poll:?}{woken} | {row} |", T::NAME);
+    }
     Ok(())
 }
 
@@ -279,31 +247,30 @@ async fn run_consumers(
     Ok(handled as f64 / args.seconds as f64)
 }
 
-/// Fills the outbox with `args.drain` messages, then times `relays` relays draining it.
-async fn drain<P, M, N, F>(
+/// Fills the outbox with `args.drain` messages, then times `relays` relays draining it
+/// to `target`.
+async fn drain<T: Target>(
     db: &TestDatabase<AsyncPgConnection>,
     args: &Args,
     relays: usize,
-    publisher: impl Fn() -> P,
-    message: M,
-    count: N,
-) -> anyhow::Result<f64>
-where
-    P: Publisher,
-    M: Fn() -> OutboxMessage,
-    N: Fn() -> F,
-    F: Future<Output = anyhow::Result<u64>>,
-{
+    target: &T,
+) -> anyhow::Result<f64> {
     let mut conn = db.connect().await?;
     conn.batch_execute("DELETE FROM inbox_outbox").await?;
     conn.batch_execute("BEGIN").await?;
     for _ in 0..args.drain {
-        outbox::enqueue(&mut conn, message()).await?;
+        outbox::enqueue(&mut conn, target.message()).await?;
     }
     conn.batch_execute("COMMIT").await?;
     let started = Instant::now();
     let running: Vec<Relay> = (0..relays)
-        .map(|_| Relay::spawn(db.clone(), publisher(), fast(Duration::from_millis(5))))
+        .map(|_| {
+            Relay::spawn(
+                db.clone(),
+                target.publisher(),
+                fast(Duration::from_millis(5)),
+            )
+        })
         .collect();
     while select_i64(
         &mut conn,
@@ -318,7 +285,7 @@ where
     for relay in running {
         relay.shut_down().await;
     }
-    let stored = count().await?;
+    let stored = target.count().await?;
     anyhow::ensure!(
         stored >= args.drain as u64,
         "{stored} of {} stored",
@@ -328,22 +295,17 @@ where
 }
 
 /// Enqueues `args.rate` events a second, each in its own committed transaction, and
-/// reports the delays from each commit to its event's arrival; with `wake`, each commit
-/// wakes the relay.
-async fn latency<P, M>(
+/// reports the delays from each commit to its event's arrival at `target`; with
+/// `wake`, each commit wakes the relay.
+async fn latency<T: Target>(
     db: &TestDatabase<AsyncPgConnection>,
     args: &Args,
     poll: Duration,
     wake: bool,
-    publisher: P,
-    message: M,
-    arrivals: Arrivals,
-) -> anyhow::Result<String>
-where
-    P: Publisher,
-    M: Fn() -> OutboxMessage,
-{
-    let relay = Relay::spawn(db.clone(), publisher, fast(poll));
+    target: &T,
+) -> anyhow::Result<String> {
+    let arrivals = target.arrivals().await?;
+    let relay = Relay::spawn(db.clone(), target.publisher(), fast(poll));
     let waker = relay.waker();
     let mut conn = db.connect().await?;
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -352,7 +314,7 @@ where
     for _ in 0..total {
         ticks.tick().await;
         conn.batch_execute("BEGIN").await?;
-        let id = outbox::enqueue(&mut conn, message()).await?;
+        let id = outbox::enqueue(&mut conn, target.message()).await?;
         conn.batch_execute("COMMIT").await?;
         committed.lock().unwrap().insert(id, Instant::now());
         if wake {
@@ -416,13 +378,14 @@ mod rabbitmq {
 
     use super::*;
 
-    pub(super) struct Target {
+    pub(super) struct RabbitMq {
+        url: String,
         connection: lapin::Connection,
         channel: lapin::Channel,
         queue: String,
     }
 
-    impl Target {
+    impl RabbitMq {
         pub(super) async fn declare(url: &str, queue: &str) -> anyhow::Result<Self> {
             let connection = diesel_inbox_lapin::connect(url).await?;
             let channel = connection.create_channel().await?;
@@ -430,17 +393,27 @@ mod rabbitmq {
                 .queue_declare(queue, QueueDeclareOptions::default(), FieldTable::default())
                 .await?;
             Ok(Self {
+                url: url.to_owned(),
                 connection,
                 channel,
                 queue: queue.to_owned(),
             })
         }
+    }
 
-        pub(super) fn message(&self) -> OutboxMessage {
+    impl super::Target for RabbitMq {
+        type Publisher = diesel_inbox_lapin::OutboxPublisher;
+        const NAME: &'static str = "RabbitMQ";
+
+        fn publisher(&self) -> Self::Publisher {
+            diesel_inbox_lapin::OutboxPublisher::new(self.url.clone())
+        }
+
+        fn message(&self) -> OutboxMessage {
             OutboxMessage::new("", vec![0; 100]).routing_key(self.queue.as_str())
         }
 
-        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+        async fn count(&self) -> anyhow::Result<u64> {
             let declared = self
                 .channel
                 .queue_declare(
@@ -455,7 +428,7 @@ mod rabbitmq {
             Ok(u64::from(declared.message_count()))
         }
 
-        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+        async fn purge(&self) -> anyhow::Result<()> {
             self.channel
                 .queue_purge(&self.queue, QueuePurgeOptions::default())
                 .await?;
@@ -464,7 +437,7 @@ mod rabbitmq {
 
         /// A consumer of the queue on a channel of its own, which it closes once the
         /// arrivals are dropped, handing back what it had not passed on.
-        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+        async fn arrivals(&self) -> anyhow::Result<Arrivals> {
             let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
             let channel = self.connection.create_channel().await?;
             let mut consumer = channel
@@ -497,7 +470,7 @@ mod rabbitmq {
             Ok(Arrivals(receiver))
         }
 
-        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+        async fn delete(&self) -> anyhow::Result<()> {
             self.channel
                 .queue_delete(&self.queue, QueueDeleteOptions::default())
                 .await?;
@@ -511,12 +484,12 @@ mod nats {
 
     use super::*;
 
-    pub(super) struct Target {
+    pub(super) struct JetStream {
         pub(super) context: jetstream::Context,
         name: String,
     }
 
-    impl Target {
+    impl JetStream {
         pub(super) async fn create(url: &str, name: &str) -> anyhow::Result<Self> {
             let client = async_nats::connect(url).await?;
             let context = jetstream::new(client);
@@ -533,22 +506,31 @@ mod nats {
                 name: name.to_owned(),
             })
         }
+    }
 
-        pub(super) fn message(&self) -> OutboxMessage {
+    impl super::Target for JetStream {
+        type Publisher = diesel_inbox_nats::OutboxPublisher;
+        const NAME: &'static str = "NATS JetStream";
+
+        fn publisher(&self) -> Self::Publisher {
+            diesel_inbox_nats::OutboxPublisher::new(self.context.clone())
+        }
+
+        fn message(&self) -> OutboxMessage {
             OutboxMessage::new(self.name.as_str(), vec![0; 100]).routing_key("credited")
         }
 
-        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+        async fn count(&self) -> anyhow::Result<u64> {
             let mut stream = self.context.get_stream(&self.name).await?;
             Ok(stream.info().await?.state.messages)
         }
 
-        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+        async fn purge(&self) -> anyhow::Result<()> {
             self.context.get_stream(&self.name).await?.purge().await?;
             Ok(())
         }
 
-        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+        async fn arrivals(&self) -> anyhow::Result<Arrivals> {
             let stream = self.context.get_stream(&self.name).await?;
             let consumer = stream
                 .create_consumer(consumer::push::OrderedConfig {
@@ -580,7 +562,7 @@ mod nats {
             Ok(Arrivals(receiver))
         }
 
-        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+        async fn delete(&self) -> anyhow::Result<()> {
             self.context.delete_stream(&self.name).await?;
             Ok(())
         }
@@ -595,7 +577,7 @@ mod kafka {
 
     /// A topic of one partition, so that counting and reading it is one partition's
     /// offsets; the publisher's partitioning is measured by the Kafka crate's tests.
-    pub(super) struct Target {
+    pub(super) struct Kafka {
         client: Arc<Client>,
         partition: Arc<PartitionClient>,
         topic: String,
@@ -603,7 +585,7 @@ mod kafka {
         base: Mutex<i64>,
     }
 
-    impl Target {
+    impl Kafka {
         pub(super) async fn create(url: &str, topic: &str) -> anyhow::Result<Self> {
             let client = ClientBuilder::new(vec![url.to_owned()]).build().await?;
             let controller = client.controller_client()?;
@@ -619,22 +601,27 @@ mod kafka {
                 base: Mutex::new(0),
             })
         }
+    }
 
-        pub(super) fn publisher(&self) -> diesel_inbox_kafka::OutboxPublisher {
+    impl super::Target for Kafka {
+        type Publisher = diesel_inbox_kafka::OutboxPublisher;
+        const NAME: &'static str = "Kafka (Tansu)";
+
+        fn publisher(&self) -> Self::Publisher {
             diesel_inbox_kafka::OutboxPublisher::new(Arc::clone(&self.client))
         }
 
-        pub(super) fn message(&self) -> OutboxMessage {
+        fn message(&self) -> OutboxMessage {
             OutboxMessage::new(self.topic.as_str(), vec![0; 100])
         }
 
-        pub(super) async fn count(&self) -> anyhow::Result<u64> {
+        async fn count(&self) -> anyhow::Result<u64> {
             let latest = self.partition.get_offset(OffsetAt::Latest).await?;
             let base = *self.base.lock().unwrap();
             Ok(u64::try_from(latest - base)?)
         }
 
-        pub(super) async fn purge(&self) -> anyhow::Result<()> {
+        async fn purge(&self) -> anyhow::Result<()> {
             let latest = self.partition.get_offset(OffsetAt::Latest).await?;
             *self.base.lock().unwrap() = latest;
             Ok(())
@@ -642,7 +629,7 @@ mod kafka {
 
         /// A reader from the partition's end on, fetching as soon as the last fetch
         /// returned: an empty fetch waits at most 5 ms on the broker.
-        pub(super) async fn arrivals(&self) -> anyhow::Result<Arrivals> {
+        async fn arrivals(&self) -> anyhow::Result<Arrivals> {
             let mut next = self.partition.get_offset(OffsetAt::Latest).await?;
             let partition = Arc::clone(&self.partition);
             let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
@@ -667,7 +654,7 @@ mod kafka {
             Ok(Arrivals(receiver))
         }
 
-        pub(super) async fn delete(&self) -> anyhow::Result<()> {
+        async fn delete(&self) -> anyhow::Result<()> {
             self.client
                 .controller_client()?
                 .delete_topic(&self.topic, 5_000)
