@@ -78,7 +78,7 @@ impl Disposition {
 impl Disposition {
     /// Settles a batch handler's result, for every message of the batch alike: `Ok` is
     /// [`Disposition::Ack`] (each message was processed or a duplicate), an error is
-    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`], dead-letter the
+    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`](crate::InvalidBatchKey), dead-letter the
     /// message it names and redeliver the others.
     pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
     where

@@ -31,7 +31,7 @@ pub(crate) fn place_name(name: &str) -> Result<String, TestDatabaseError> {
     Ok(format!("{PREFIX}{name}"))
 }
 
-/// A connection type [`TestDatabase`] hands out: `AsyncPgConnection`,
+/// A connection type [`TestDatabase`](crate::testing::TestDatabase) hands out: `AsyncPgConnection`,
 /// `AsyncMysqlConnection` and `SyncConnectionWrapper<SqliteConnection>`, each with its
 /// backend's feature.
 pub trait TestConnection:
@@ -65,7 +65,7 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
-/// Why a [`TestDatabase`] could not be created, reached or removed.
+/// Why a [`TestDatabase`](crate::testing::TestDatabase) could not be created, reached or removed.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum TestDatabaseError {
