@@ -108,20 +108,22 @@ async fn unpublishable_messages_are_parked_and_the_rest_go_out() {
         let message = match n {
             5 => OutboxMessage::new(missing.as_str(), "lost?"),
             12 => OutboxMessage::new("amq.direct", "unroutable").routing_key("nobody-listens"),
+            // Larger than the publisher is told the broker takes.
+            17 => OutboxMessage::new("", vec![0; 2_048]).routing_key(broker.queues.work()),
             _ => to_queue(&broker, n),
         };
         let id = outbox::enqueue(&mut conn, message).await.expect("enqueue");
-        if n != 5 && n != 12 {
+        if ![5, 12, 17].contains(&n) {
             good.push(id);
         }
     }
     let relay = Relay::spawn(
         db.clone(),
-        OutboxPublisher::new(broker.url.clone()),
+        OutboxPublisher::new(broker.url.clone()).with_max_message_size(1_024),
         eager(),
     );
     let received = receive(&broker, good.len()).await;
-    let parked = parked_once(&mut conn, 2).await;
+    let parked = parked_once(&mut conn, 3).await;
     relay.shut_down().await;
 
     assert_eq!(received.len(), good.len());
@@ -134,8 +136,9 @@ async fn unpublishable_messages_are_parked_and_the_rest_go_out() {
         "{reasons:?}"
     );
     assert!(reasons[1].contains("unroutable"), "{reasons:?}");
+    assert!(reasons[2].contains("larger"), "{reasons:?}");
     assert_eq!(parked[0].destination(), missing);
-    assert_eq!(unsent(&mut conn).await, 2, "parked, never dropped");
+    assert_eq!(unsent(&mut conn).await, 3, "parked, never dropped");
     broker.cleanup().await;
     drop(conn);
     db.cleanup().await.expect("cleanup");

@@ -138,11 +138,15 @@ async fn messages_no_stream_takes_are_parked_and_the_rest_go_out() {
     };
     let mut conn = db.connect().await.expect("connect");
     let nowhere = format!("inbox_test_nowhere_{}", std::process::id());
+    // One byte more than the server takes in a message.
+    let max_payload = broker.jetstream.client().server_info().max_payload;
     let mut good = 0;
     for n in 0..12 {
         let message = match n {
             3 => OutboxMessage::new(nowhere.as_str(), "lost?"),
             7 => OutboxMessage::new(broker.name.as_str(), "wild").routing_key("*"),
+            10 => OutboxMessage::new(broker.name.as_str(), vec![0; max_payload + 1])
+                .routing_key("work"),
             _ => {
                 good += 1;
                 to_work(&broker, n)
@@ -153,7 +157,7 @@ async fn messages_no_stream_takes_are_parked_and_the_rest_go_out() {
     let publisher = OutboxPublisher::new(broker.jetstream.clone());
     let relay = Relay::spawn(db.clone(), publisher, eager());
     let received = receive(&broker, good).await;
-    let parked = parked_once(&mut conn, 2).await;
+    let parked = parked_once(&mut conn, 3).await;
     relay.shut_down().await;
 
     assert_eq!(received.len(), good);
@@ -169,6 +173,13 @@ async fn messages_no_stream_takes_are_parked_and_the_rest_go_out() {
             .last_error()
             .is_some_and(|error| error.contains("not a subject")),
         "{parked:?}"
+    );
+    assert!(
+        parked[2]
+            .last_error()
+            .is_some_and(|error| error.contains("max_payload")),
+        "{:?}",
+        parked[2].last_error()
     );
     drop(conn);
     broker.cleanup().await;
