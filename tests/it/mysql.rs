@@ -80,7 +80,23 @@ struct EngineStatus {
 }
 
 common_scenarios!(create);
-outbox_scenarios!(create);
+// The outbox's transactions begin and commit whatever the session does between them:
+// autocommit off with a transaction left open by a read (MySQL refused to set the
+// isolation of the next transaction inside it), `COMMIT` chaining a new transaction,
+// and each SQL mode (under `ORACLE`, `BEGIN` opens a PL/SQL block).
+outbox_scenarios!(
+    create,
+    sessions = [
+        "SET autocommit = 0",
+        "SET completion_type = 'CHAIN'",
+        "SET autocommit = 0, completion_type = 'CHAIN'",
+        "SET sql_mode = 'ORACLE'",
+        "SET sql_mode = 'ANSI'",
+        "SET sql_mode = 'TRADITIONAL,NO_BACKSLASH_ESCAPES'",
+        "SET sql_mode = 'MSSQL'",
+        "SET sql_mode = 'EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT'",
+    ],
+);
 batch_scenarios!(create, swallowed = "ROLLBACK");
 verdict_scenarios!(
     create,
@@ -855,33 +871,6 @@ async fn every_sql_mode_is_served() {
         let balances = common::balances(&db, 4 * modes.len() as i64).await;
         assert!(balances.iter().all(|&balance| balance == 1), "{balances:?}");
     })
-    .await;
-    db.cleanup().await;
-}
-
-/// The relay's and the pruner's transactions begin and commit whatever the session
-/// does between them: autocommit off with a transaction left open by a read (MySQL
-/// refused to set the isolation of the next transaction inside it), `COMMIT` chaining
-/// a new transaction, and each SQL mode (under `ORACLE`, `BEGIN` opens a PL/SQL block).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_relay_commits_in_every_session() {
-    let Some(db) = create("relay_sessions").await else {
-        return;
-    };
-    let sessions = [
-        "SET autocommit = 0",
-        "SET completion_type = 'CHAIN'",
-        "SET autocommit = 0, completion_type = 'CHAIN'",
-        "SET sql_mode = 'ORACLE'",
-        "SET sql_mode = 'ANSI'",
-        "SET sql_mode = 'TRADITIONAL,NO_BACKSLASH_ESCAPES'",
-        "SET sql_mode = 'MSSQL'",
-        "SET sql_mode = 'EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT'",
-    ];
-    bounded(common::outbox::relay_commits_in_each_session(
-        db.clone(),
-        &sessions,
-    ))
     .await;
     db.cleanup().await;
 }

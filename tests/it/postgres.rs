@@ -46,7 +46,19 @@ impl TestDb for PgDb {
 }
 
 common_scenarios!(create);
-outbox_scenarios!(create);
+outbox_scenarios!(
+    create,
+    sessions = [
+        "SET default_transaction_isolation = 'repeatable read'",
+        "SET default_transaction_isolation = 'serializable'",
+        "SET default_transaction_isolation = 'serializable'; \
+         SET default_transaction_deferrable = on",
+        "SET client_encoding = 'LATIN1'",
+        "SET synchronous_commit = off",
+        "SET idle_in_transaction_session_timeout = '2s'",
+        "SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Pacific/Chatham'",
+    ],
+);
 batch_scenarios!(create, swallowed = "SELECT * FROM no_such_table");
 verdict_scenarios!(
     create,
@@ -527,31 +539,6 @@ async fn statements_stay_prepared() {
             assert_eq!(count, 1, "{statement}");
         }
     })
-    .await;
-    db.cleanup().await;
-}
-
-/// The relay's, the pruner's and the operator's calls begin and commit at every
-/// isolation level a session may default to, and in other session settings.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_relay_commits_in_every_session() {
-    let Some(db) = create("relay_sessions").await else {
-        return;
-    };
-    let sessions = [
-        "SET default_transaction_isolation = 'repeatable read'",
-        "SET default_transaction_isolation = 'serializable'",
-        "SET default_transaction_isolation = 'serializable'; \
-         SET default_transaction_deferrable = on",
-        "SET client_encoding = 'LATIN1'",
-        "SET synchronous_commit = off",
-        "SET idle_in_transaction_session_timeout = '2s'",
-        "SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Pacific/Chatham'",
-    ];
-    bounded(common::outbox::relay_commits_in_each_session(
-        db.clone(),
-        &sessions,
-    ))
     .await;
     db.cleanup().await;
 }

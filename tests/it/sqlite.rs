@@ -99,7 +99,15 @@ impl TestDb for SqliteDb {
 }
 
 common_scenarios!(create);
-outbox_scenarios!(create);
+outbox_scenarios!(
+    create,
+    sessions = [
+        "PRAGMA read_uncommitted = ON",
+        "PRAGMA synchronous = OFF",
+        "PRAGMA recursive_triggers = ON; PRAGMA foreign_keys = ON",
+        "PRAGMA case_sensitive_like = ON",
+    ],
+);
 batch_scenarios!(create, swallowed = "ROLLBACK");
 verdict_scenarios!(
     create,
@@ -260,27 +268,6 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
         );
         assert_eq!(common::balances(&db, 1).await, vec![1]);
     })
-    .await;
-    db.cleanup().await;
-}
-
-/// The relay's, the pruner's and the operator's calls commit whatever the connection's
-/// pragmas.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_relay_commits_in_every_session() {
-    let Some(db) = create("relay_sessions").await else {
-        return;
-    };
-    let sessions = [
-        "PRAGMA read_uncommitted = ON",
-        "PRAGMA synchronous = OFF",
-        "PRAGMA recursive_triggers = ON; PRAGMA foreign_keys = ON",
-        "PRAGMA case_sensitive_like = ON",
-    ];
-    bounded(common::outbox::relay_commits_in_each_session(
-        db.clone(),
-        &sessions,
-    ))
     .await;
     db.cleanup().await;
 }

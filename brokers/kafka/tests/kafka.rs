@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_test_support::{
-    Proxy, announce_each, eager, outbox_database, parked_once, server_url, unsent,
+    Proxy, announce_each, eager, outbox_database, parked_once, server_url, unsent, wait_until_sent,
 };
 use diesel::result::Error;
 use diesel_async::AsyncPgConnection;
@@ -337,13 +337,7 @@ async fn a_broker_out_of_reach_holds_messages_back_until_it_returns() {
     fixture.records(10).await;
     // A produce still unanswered when the connections are cut would go out again:
     // cut once the first ten are marked.
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while unsent(&mut conn).await > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the first ten are marked sent");
+    wait_until_sent(&mut conn).await;
 
     broker.proxy.cut();
     for n in 10..40 {
@@ -369,13 +363,7 @@ async fn a_broker_out_of_reach_holds_messages_back_until_it_returns() {
     assert!(attempts >= 2, "the relay kept trying: {attempts} attempts");
 
     broker.proxy.restore();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while unsent(&mut conn).await > 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the outbox drains once the broker is back");
+    wait_until_sent(&mut conn).await;
     relay.shut_down().await;
     let records = fixture.records(40).await;
     let topic = fixture.topic.as_str();

@@ -101,6 +101,18 @@ pub async fn unsent(conn: &mut AsyncPgConnection) -> i64 {
     .expect("count unsent")
 }
 
+/// Returns once the relay has marked every message sent; panics after 60 s.
+pub async fn wait_until_sent(conn: &mut AsyncPgConnection) {
+    let drained = async {
+        while unsent(conn).await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("the relay marks every message sent within 60 s");
+}
+
 /// The parked messages, once there are `count` of them; panics after 30 s.
 pub async fn parked_once(conn: &mut AsyncPgConnection, count: usize) -> Vec<Outgoing> {
     let all_parked = async {

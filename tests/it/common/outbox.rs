@@ -705,7 +705,7 @@ pub async fn relay_commits_in_each_session<D: TestDb>(db: D, sessions: &[&str]) 
 }
 
 macro_rules! outbox_scenarios {
-    ($db:expr) => {
+    ($db:expr, sessions = [$($settings:expr),+ $(,)?] $(,)?) => {
         outbox_scenarios!(@tests $db;
             messages_commit_and_roll_back_with_the_body,
             default_ids_are_the_same_on_every_delivery,
@@ -717,6 +717,20 @@ macro_rules! outbox_scenarios {
             claim_bodies_enqueue_at_once_with_stable_ids,
             sent_messages_are_pruned_with_idle_keys,
         );
+
+        /// The relay's, the pruner's and the operator's calls begin and commit in a
+        /// session of each of these settings.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn the_relay_commits_in_every_session() {
+            if let Some(db) = $db("outbox_relay_sessions").await {
+                common::bounded(common::outbox::relay_commits_in_each_session(
+                    db.clone(),
+                    &[$($settings),+],
+                ))
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
     };
     (@tests $db:expr; $($test:ident),+ $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,8 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use broker_test_support::{Proxy, announce_each, eager, outbox_database, parked_once, unsent};
-use diesel_async::AsyncPgConnection;
+use broker_test_support::{
+    Proxy, announce_each, eager, outbox_database, parked_once, unsent, wait_until_sent,
+};
 use diesel_inbox::Disposition;
 use diesel_inbox::outbox::{self, OutboxMessage, Relay};
 use diesel_inbox::testing::select_i64;
@@ -41,16 +42,6 @@ async fn receive(broker: &Broker, expected: usize) -> HashMap<String, usize> {
     .await
     .unwrap_or_else(|_| panic!("{} of {expected} messages arrived", received.len()));
     received
-}
-
-async fn wait_until_sent(conn: &mut AsyncPgConnection) {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while unsent(conn).await > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the relay marks what the broker confirmed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

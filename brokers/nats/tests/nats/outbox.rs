@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use broker_test_support::{announce_each, eager, outbox_database, parked_once, unsent};
+use broker_test_support::{
+    announce_each, eager, outbox_database, parked_once, unsent, wait_until_sent,
+};
 use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay};
 use diesel_inbox::testing::select_i64;
 use diesel_inbox_nats::{MessageKey, OutboxPublisher, message_key};
@@ -97,13 +99,7 @@ async fn a_copy_published_again_after_a_crash_is_dropped_by_the_stream() {
 
     tokio::time::sleep(Duration::from_millis(400)).await;
     let relay = Relay::spawn(db.clone(), publisher, eager());
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while unsent(&mut conn).await > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the second relay publishes it");
+    wait_until_sent(&mut conn).await;
     relay.shut_down().await;
 
     let attempts = select_i64(
