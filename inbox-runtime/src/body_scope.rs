@@ -159,18 +159,18 @@ impl Claim {
 pin_project_lite::pin_project! {
     /// A body's future, run in its scope.
     pub(crate) struct InBody<F> {
-        scope: Scope,
-        span: tracing::Span,
-        // `None` once dropped in the scope, as its destructors may read the claim too.
+        // Dropped before `scope`, so in it: see the `PinnedDrop` below.
         #[pin]
-        body: Option<F>,
+        body: F,
+        scope: DropScope,
     }
 
     impl<F> PinnedDrop for InBody<F> {
         fn drop(this: Pin<&mut Self>) {
-            let mut this = this.project();
-            let _scope = Entered::new(this.scope, this.span);
-            this.body.set(None);
+            // Fields drop after this, in order: the body within the scope entered here,
+            // then the scope, which leaves itself. The body's destructors may read the
+            // claim too.
+            this.project().scope.enter_until_dropped();
         }
     }
 }
@@ -179,9 +179,8 @@ impl<F> InBody<F> {
     /// `body` in `scope` and `span`.
     pub(crate) fn new(body: F, scope: Scope, span: &tracing::Span) -> Self {
         Self {
-            scope,
-            span: span.clone(),
-            body: Some(body),
+            body,
+            scope: DropScope::new(scope, span),
         }
     }
 }
@@ -191,15 +190,50 @@ impl<F: Future> Future for InBody<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _scope = Entered::new(this.scope, this.span);
-        match this.body.as_pin_mut() {
-            Some(body) => body.poll(cx),
-            None => unreachable!("a body's future is dropped only with its scope"),
+        let _scope = Entered::new(&mut this.scope.scope, &this.scope.span);
+        this.body.poll(cx)
+    }
+}
+
+/// A body's scope and span. Not generic, so that what a body's future does on top of the
+/// body itself is compiled once, here.
+struct DropScope {
+    scope: Scope,
+    span: tracing::Span,
+    /// Whether the scope and the span are entered for the body's drop. (Not a span
+    /// guard: those are not `Send`, and a handler's future must be.)
+    entered_for_drop: bool,
+}
+
+impl DropScope {
+    fn new(scope: Scope, span: &tracing::Span) -> Self {
+        Self {
+            scope,
+            span: span.clone(),
+            entered_for_drop: false,
+        }
+    }
+
+    /// Enters the scope and the span until this is dropped.
+    fn enter_until_dropped(&mut self) {
+        swap_current(&mut self.scope);
+        self.span
+            .with_subscriber(|(id, dispatch)| dispatch.enter(id));
+        self.entered_for_drop = true;
+    }
+}
+
+impl Drop for DropScope {
+    fn drop(&mut self) {
+        if self.entered_for_drop {
+            self.span
+                .with_subscriber(|(id, dispatch)| dispatch.exit(id));
+            swap_current(&mut self.scope);
         }
     }
 }
 
-/// The scope entered for one poll: not generic, so compiled once, here.
+/// The scope entered for one poll.
 struct Entered<'a> {
     scope: &'a mut Scope,
     _span: tracing::span::Entered<'a>,
