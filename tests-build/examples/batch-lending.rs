@@ -31,9 +31,15 @@ where
 }
 
 #[idempotent(consumer = "lending_mut", batch = msgs, key = |msg| msg.id)]
-async fn longest<'m>(db: &mut AsyncPgConnection, msgs: &'m mut [Msg]) -> Result<Option<&'m String>, Error> {
+async fn longest<'m>(
+    db: &mut AsyncPgConnection,
+    msgs: &'m mut [Msg],
+) -> Result<Option<&'m String>, Error> {
     let _ = db;
-    Ok(msgs.into_iter().map(|msg| &msg.name).max_by_key(|name| name.len()))
+    Ok(msgs
+        .into_iter()
+        .map(|msg| &msg.name)
+        .max_by_key(|name| name.len()))
 }
 
 struct Directory {
@@ -48,7 +54,10 @@ impl Directory {
         msgs: &'a [Msg],
     ) -> Result<Vec<(&'a str, usize)>, Error> {
         let _ = conn;
-        Ok(msgs.into_iter().map(|msg| (msg.name.as_str(), self.prefix.len())).collect())
+        Ok(msgs
+            .into_iter()
+            .map(|msg| (msg.name.as_str(), self.prefix.len()))
+            .collect())
     }
 }
 
@@ -59,5 +68,10 @@ async fn deliver(conn: &mut AsyncPgConnection, batch: &[Msg]) -> Result<usize, E
 }
 
 fn main() {
-    let _ = (first::<AsyncPgConnection>, longest, Directory::prefixed, deliver);
+    let _ = (
+        first::<AsyncPgConnection>,
+        longest,
+        Directory::prefixed,
+        deliver,
+    );
 }

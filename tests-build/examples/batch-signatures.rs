@@ -84,5 +84,13 @@ macro_rules! named_connection {
 named_connection!(db);
 
 fn main() {
-    let _ = (sorted, mutable_slice, move_key, typed_key, path_key, early_return_key, macro_conn);
+    let _ = (
+        sorted,
+        mutable_slice,
+        move_key,
+        typed_key,
+        path_key,
+        early_return_key,
+        macro_conn,
+    );
 }

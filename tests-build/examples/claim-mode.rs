@@ -49,7 +49,12 @@ async fn send_receipt(conn: &mut AsyncPgConnection, msg: &OrderPlaced) -> Result
 )]
 async fn withdraw(conn: &mut AsyncMysqlConnection, msg: &OrderPlaced) -> Result<(), AppError> {
     let claim = Claim::current();
-    send_mail(claim.message_id(), &claim.token().to_string(), claim.attempt()).await?;
+    send_mail(
+        claim.message_id(),
+        &claim.token().to_string(),
+        claim.attempt(),
+    )
+    .await?;
     Ok(())
 }
 

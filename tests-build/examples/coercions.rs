@@ -42,7 +42,9 @@ async fn boxed_error(conn: &mut AsyncPgConnection, id: u64) -> Result<(), BoxErr
 }
 
 async fn callers(conn: &mut AsyncPgConnection) {
-    let named = Named { name: String::from("n") };
+    let named = Named {
+        name: String::from("n"),
+    };
     let _: Result<Outcome<&str>, Error> = named.name(conn, 1).await;
     let _: Result<Outcome<Box<dyn Display + Send>>, Error> = boxed(conn, 1).await;
     let _: Result<Outcome<()>, BoxError> = boxed_error(conn, 1).await;

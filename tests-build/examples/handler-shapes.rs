@@ -51,7 +51,11 @@ async fn named_connection(
     Ok(())
 }
 
-async fn callers(pg: &mut AsyncPgConnection, my: &mut AsyncMysqlConnection, other: &mut AsyncPgConnection) {
+async fn callers(
+    pg: &mut AsyncPgConnection,
+    my: &mut AsyncMysqlConnection,
+    other: &mut AsyncPgConnection,
+) {
     let consumer = Consumer { offset_base: 1 };
     let _: Result<Outcome<i64>, Error> = consumer.on_message(pg, "m").await;
     let _: Result<Outcome<()>, Error> = generic(pg, uuid::Uuid::nil()).await;

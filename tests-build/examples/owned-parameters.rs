@@ -25,7 +25,11 @@ impl Drop for Delivery {
 struct Counter(Cell<u64>);
 
 #[idempotent(consumer = "owned-write", key = d.id)]
-async fn write(conn: &mut AsyncPgConnection, mut d: Delivery, counter: Counter) -> Result<u64, Error> {
+async fn write(
+    conn: &mut AsyncPgConnection,
+    mut d: Delivery,
+    counter: Counter,
+) -> Result<u64, Error> {
     let _ = &mut *conn;
     d.acked = true;
     std::future::ready(()).await;
@@ -33,7 +37,12 @@ async fn write(conn: &mut AsyncPgConnection, mut d: Delivery, counter: Counter) 
 }
 
 #[idempotent(consumer = "owned-move", key = id)]
-async fn moved(conn: &mut AsyncPgConnection, id: u64, note: String, (left, mut right): (u8, Vec<u8>)) -> Result<String, Error> {
+async fn moved(
+    conn: &mut AsyncPgConnection,
+    id: u64,
+    note: String,
+    (left, mut right): (u8, Vec<u8>),
+) -> Result<String, Error> {
     let _ = conn;
     right.push(left);
     std::future::ready(()).await;
@@ -42,7 +51,11 @@ async fn moved(conn: &mut AsyncPgConnection, id: u64, note: String, (left, mut r
 
 /// A parameter compiled out is not borrowed either.
 #[idempotent(consumer = "owned-cfg", key = id)]
-async fn configured(conn: &mut AsyncPgConnection, id: u64, #[cfg(any())] gone: String) -> Result<u64, Error> {
+async fn configured(
+    conn: &mut AsyncPgConnection,
+    id: u64,
+    #[cfg(any())] gone: String,
+) -> Result<u64, Error> {
     let _ = conn;
     #[cfg(any())]
     drop(gone);
@@ -69,17 +82,34 @@ impl Service {
     }
 }
 
-fn spawn_all(mut a: AsyncPgConnection, mut b: AsyncPgConnection, mut c: AsyncPgConnection, mut d: AsyncPgConnection) {
+fn spawn_all(
+    mut a: AsyncPgConnection,
+    mut b: AsyncPgConnection,
+    mut c: AsyncPgConnection,
+    mut d: AsyncPgConnection,
+) {
     tokio::spawn(async move {
-        write(&mut a, Delivery { id: 1, acked: false }, Counter(Cell::new(0))).await
+        write(
+            &mut a,
+            Delivery {
+                id: 1,
+                acked: false,
+            },
+            Counter(Cell::new(0)),
+        )
+        .await
     });
     tokio::spawn(async move { moved(&mut b, 1, String::new(), (1, Vec::new())).await });
     tokio::spawn(async move {
-        let mut service = Service { seen: Counter(Cell::new(0)) };
+        let mut service = Service {
+            seen: Counter(Cell::new(0)),
+        };
         service.by_mut(&mut c, 1).await.map(|_| ())
     });
     tokio::spawn(async move {
-        let service = Service { seen: Counter(Cell::new(0)) };
+        let service = Service {
+            seen: Counter(Cell::new(0)),
+        };
         service.by_value(&mut d, 1).await.map(|_| ())
     });
 }

@@ -22,7 +22,11 @@ async fn owned_vec(conn: &mut AsyncPgConnection, mut msgs: Vec<Msg>) -> Result<V
     msgs.sort_by_key(|msg| msg.id);
     let _ = &mut *conn;
     std::future::ready(()).await;
-    Ok(msgs.into_iter().inspect(|msg| msg.seen.set(true)).map(|msg| msg.id).collect())
+    Ok(msgs
+        .into_iter()
+        .inspect(|msg| msg.seen.set(true))
+        .map(|msg| msg.id)
+        .collect())
 }
 
 #[idempotent(consumer = "owned_array", batch = msgs, key = |msg| msg.id)]
@@ -40,7 +44,12 @@ async fn owned_boxed(conn: &mut AsyncPgConnection, msgs: Box<[Msg]>) -> Result<u
 }
 
 #[idempotent(consumer = "owned_boxed_vec", batch = msgs, key = |msg| msg.id)]
-async fn owned_boxed_vec(conn: &mut AsyncPgConnection, msgs: Box<Vec<Msg>>) -> Result<usize, Error> {
+// The shape under test: clippy would have a user unbox it.
+#[allow(clippy::box_collection)]
+async fn owned_boxed_vec(
+    conn: &mut AsyncPgConnection,
+    msgs: Box<Vec<Msg>>,
+) -> Result<usize, Error> {
     let _ = &mut *conn;
     std::future::ready(()).await;
     Ok(msgs.len())
@@ -74,8 +83,16 @@ async fn lent_arc(conn: &mut AsyncPgConnection, ids: Arc<[u64]>) -> Result<u64, 
 }
 
 fn spawned(mut conn: AsyncPgConnection) {
-    let batch = || vec![Msg { id: 1, seen: Cell::new(false) }];
-    let [first, second] = [1, 2].map(|id| Msg { id, seen: Cell::new(false) });
+    let batch = || {
+        vec![Msg {
+            id: 1,
+            seen: Cell::new(false),
+        }]
+    };
+    let [first, second] = [1, 2].map(|id| Msg {
+        id,
+        seen: Cell::new(false),
+    });
     tokio::spawn(async move {
         let _ = owned_vec(&mut conn, batch()).await?;
         let _ = owned_array(&mut conn, [first, second]).await?;

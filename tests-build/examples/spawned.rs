@@ -24,7 +24,10 @@ async fn mysql(conn: &mut AsyncMysqlConnection, msg: Msg) -> Result<(), Error> {
 }
 
 #[idempotent(consumer = "sqlite", key = &msg.id)]
-async fn sqlite(conn: &mut SyncConnectionWrapper<SqliteConnection>, msg: &Msg) -> Result<(), Error> {
+async fn sqlite(
+    conn: &mut SyncConnectionWrapper<SqliteConnection>,
+    msg: &Msg,
+) -> Result<(), Error> {
     let _ = conn;
     Ok(())
 }

@@ -20,7 +20,11 @@ impl dyn Service {
 
 impl dyn Service + Send {
     #[idempotent(consumer = "dyn_send_service", key = id)]
-    pub(crate) async fn handle_sent(&self, conn: &mut AsyncPgConnection, id: u64) -> Result<usize, Error> {
+    pub(crate) async fn handle_sent(
+        &self,
+        conn: &mut AsyncPgConnection,
+        id: u64,
+    ) -> Result<usize, Error> {
         let _ = conn;
         Ok(self.name().len())
     }
@@ -47,5 +51,10 @@ impl Packet {
 }
 
 fn main() {
-    let _ = (<dyn Service>::handle, <dyn Service + Send>::handle_sent, Packet::store, Packet::clear);
+    let _ = (
+        <dyn Service>::handle,
+        <dyn Service + Send>::handle_sent,
+        Packet::store,
+        Packet::clear,
+    );
 }

@@ -1,1 +1,2 @@
-//! Nothing here: the compile tests are in `tests/ui.rs`, the cases in `tests/ui/`.
+//! Nothing here: the shapes that must compile are the examples (`examples/*.rs`), and
+//! the compile tests of misuse are in `tests/ui.rs`, their cases in `tests/ui/fail/`.
