@@ -1150,8 +1150,13 @@ async fn upgrade_in_place_while_handlers_run<C: TestConnection>(db: TestDatabase
                     } else {
                         format!("new-{n}")
                     };
+                    // Until an upgrade has added the digest, the fast path's lookup
+                    // fails, retryably; so can a wait that the upgrade's lock ends, in a
+                    // deadlock or a busy database. The delivery is retried after a
+                    // pause, as a broker would, for as long as the upgrades may take.
+                    let mut last_error = None;
                     for retry in 0.. {
-                        assert!(retry < 50, "{entry} never settled");
+                        assert!(retry < 200, "{entry} never settled: {last_error:?}");
                         match record_as_in_v01(&mut conn, &entry, worker == 0).await {
                             Ok(outcome) => {
                                 if outcome.is_processed() {
@@ -1159,9 +1164,10 @@ async fn upgrade_in_place_while_handlers_run<C: TestConnection>(db: TestDatabase
                                 }
                                 break;
                             }
-                            // The upgrade's lock can end a wait in a deadlock or a busy
-                            // database: the delivery is retried, as a broker would.
-                            Err(error) if classify(&error).is_retryable() => {}
+                            Err(error) if classify(&error).is_retryable() => {
+                                last_error = Some(error.to_string());
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
                             Err(error) => panic!("{entry}: {error}"),
                         }
                     }
