@@ -1,8 +1,8 @@
 //! Compile tests: misuse fails with the errors under `tests/ui/fail/*.stderr`.
 //! Regenerate those with `TRYBUILD=overwrite` and read the diff: the messages are part
-//! of the product. The shapes that must compile are this package's examples
-//! (`examples/*.rs`), built with the workspace: trybuild would build every dependency
-//! again, with code generation, to build them.
+//! of the product. The shapes that must compile are the examples of `tests-shapes`,
+//! built with the workspace: trybuild would build every dependency again, with code
+//! generation, to build them.
 
 #[test]
 fn ui() {
