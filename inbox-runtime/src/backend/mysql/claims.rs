@@ -2,8 +2,6 @@
 //! followed by a `COMMIT` of its own, so that it commits whatever the session's
 //! autocommit setting, which claim mode never changes.
 
-#![cfg(feature = "mysql")]
-
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error};

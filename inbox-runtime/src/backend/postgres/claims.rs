@@ -1,8 +1,6 @@
 //! Claim mode on PostgreSQL: `now()` is the statement's transaction start, and every
 //! statement here is a transaction of its own.
 
-#![cfg(feature = "postgres")]
-
 use diesel::QueryResult;
 use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};

@@ -2,8 +2,6 @@
 //! in time order; SQLite's clock has millisecond precision. Writers take turns, so a
 //! conditional update has no concurrent rival to wait for.
 
-#![cfg(feature = "sqlite")]
-
 use diesel::QueryResult;
 use diesel::sql_types::{Integer, Nullable, Text};
 use diesel::sqlite::Sqlite;
