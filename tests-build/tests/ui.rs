@@ -1,8 +1,8 @@
 //! Compile tests: misuse fails with the errors under `tests/ui/fail/*.stderr`.
 //! Regenerate those with `TRYBUILD=overwrite` and read the diff: the messages are part
 //! of the product. The shapes that must compile are the examples of `tests-shapes`,
-//! built with the workspace: trybuild would build every dependency again, with code
-//! generation, to build them.
+//! which `cargo clippy --workspace --all-targets` checks: trybuild would build every
+//! dependency again, with code generation, to build them.
 
 #[test]
 fn ui() {
