@@ -13,9 +13,13 @@ cluster="gcomm://127.0.0.1:4571,127.0.0.1:4572,127.0.0.1:4573"
 
 port() { echo $((3310 + $1)); }
 
+# Each node has a temporary directory of its own: a starting server deletes every
+# `#sql*` file in its tmpdir, which in the shared /tmp would include the internal
+# temporary tables of the machine's own MariaDB, failing its queries in flight ("Error
+# on delete of '/tmp/#sql-temptable-…'").
 node_args() {
     local n=$1
-    echo --no-defaults --user=mysql --datadir="$base/node$n" \
+    echo --no-defaults --user=mysql --datadir="$base/node$n" --tmpdir="$base/node$n.tmp" \
         --socket="$base/node$n.sock" --pid-file="$base/node$n.pid" \
         --log-error="$base/node$n.err" --port="$(port "$n")" --bind-address=127.0.0.1 \
         --skip-name-resolve --binlog-format=ROW --default-storage-engine=InnoDB \
@@ -45,6 +49,7 @@ wait_for() {
 
 start_node() {
     local n=$1 extra=${2:-}
+    install -d -o mysql -g mysql "$base/node$n.tmp"
     # shellcheck disable=SC2046,SC2086
     setsid /usr/sbin/mariadbd $(node_args "$n") --wsrep-cluster-address="$cluster" $extra \
         </dev/null >/dev/null 2>&1 &
@@ -56,6 +61,7 @@ initialise() {
     mariadb-install-db --no-defaults --user=mysql --datadir="$base/node1" \
         --auth-root-authentication-method=normal >"$base/install.log" 2>&1
     chown -R mysql:mysql "$base"
+    install -d -o mysql -g mysql "$base/node1.tmp"
     # Bootstrap once so that the data directory carries the cluster's state, then shut
     # it down cleanly and clone it.
     # shellcheck disable=SC2046
