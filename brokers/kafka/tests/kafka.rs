@@ -42,10 +42,17 @@ async fn fixture(test: &str) -> Option<Fixture> {
 /// [`fixture`] on the broker at `kafka`.
 async fn fixture_at(kafka: String, test: &str) -> Option<Fixture> {
     let db = outbox_database(&format!("kafka_outbox_{test}")).await?;
-    let client = ClientBuilder::new(vec![kafka])
-        .build()
-        .await
-        .expect("connect to Kafka");
+    // rskafka retries a broker that does not answer for ever: a test would hang to its
+    // time-out instead of saying what is missing.
+    let client = tokio::time::timeout(
+        Duration::from_secs(10),
+        ClientBuilder::new(vec![kafka.clone()]).build(),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!("no Kafka broker answers at {kafka} (KAFKA_URL): `scripts/kafka.sh start` runs one")
+    })
+    .expect("connect to Kafka");
     let topic = format!("inbox_test_{test}_{}", std::process::id());
     let controller = client.controller_client().expect("controller");
     // A run that panicked left its topic behind.
