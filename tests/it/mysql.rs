@@ -414,6 +414,26 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
     db.cleanup().await;
 }
 
+/// At READ UNCOMMITTED a plain read sees another delivery's marker before it commits.
+/// A batch that meets it must wait for that delivery, and never answer `Duplicate` for
+/// a marker that then rolls back; nor `Processed` for one that commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_never_trusts_an_uncommitted_marker() {
+    let uncommitted = "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
+    for holder_commits in [false, true] {
+        let Some(db) = create("batch_read_uncommitted").await else {
+            return;
+        };
+        bounded(common::batch::mixed_batch_in_session(
+            db.clone(),
+            holder_commits,
+            Some(uncommitted),
+        ))
+        .await;
+        db.cleanup().await;
+    }
+}
+
 /// With the server speaking German, a duplicate is still a duplicate (in sequence and
 /// for a copy that waited), and a lock wait timeout is still worth a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -15,7 +15,8 @@ use diesel_inbox::{
 use tokio::sync::Barrier;
 
 use super::{
-    Credit, Gate, RaceReport, TestDb, apply, balances, create_tables, settled, until_a_lock_waits,
+    Credit, Gate, RaceReport, TestDb, apply, balances, connect_with, create_tables, settled,
+    until_a_lock_waits,
 };
 
 /// The batch handler under test: credits each new message, waiting at `gate` once all are
@@ -211,8 +212,21 @@ pub async fn batch_counts_a_repeated_key_once<D: TestDb>(db: D) {
 /// open transaction: the batch waits for the holder, then finds the held message a
 /// duplicate if the holder committed, new if it rolled back.
 pub async fn mixed_batch_waits_for_the_holder<D: TestDb>(db: D, holder_commits: bool) {
+    mixed_batch_in_session(db, holder_commits, None).await;
+}
+
+/// [`mixed_batch_waits_for_the_holder`], the mixed batch's connection first running
+/// `settings`, if any.
+pub async fn mixed_batch_in_session<D: TestDb>(
+    db: D,
+    holder_commits: bool,
+    settings: Option<&str>,
+) {
     create_tables(&db, 4).await;
-    let mut conn = db.connect().await;
+    let mut conn = match settings {
+        Some(settings) => connect_with(&db, settings).await,
+        None => db.connect().await,
+    };
     let committed = batch_credit(&mut conn, &[Credit::numbered(0)])
         .await
         .unwrap();
