@@ -13,8 +13,8 @@ pub enum ErrorClass {
     /// Acknowledge it.
     InboxDuplicate,
     /// A conflict that a retry on the same connection can resolve: a serialization
-    /// failure, a deadlock, a lock or statement timeout, `SQLITE_BUSY`, an interrupted
-    /// statement. Nothing was committed: redeliver the message.
+    /// failure (MariaDB's snapshot conflict among them), a deadlock, a lock or statement
+    /// timeout, `SQLITE_BUSY`, an interrupted statement. Nothing was committed: redeliver the message.
     Transient,
     /// The connection cannot be used again, or could not be had: it was lost, left
     /// inside a transaction (by a cancelled handler, or a rollback that failed), reaches
@@ -250,6 +250,19 @@ mod tests {
             ErrorClass::Transient
         );
         assert_eq!(unknown("database is locked"), ErrorClass::Transient);
+        // MariaDB's snapshot conflicts (`innodb_snapshot_isolation`), whichever way the
+        // translation places the table.
+        for message in [
+            "Record has changed since last read in table 'accounts'; try restarting transaction",
+            "Datensatz hat sich seit dem letzten Zugriff auf Tabelle 'accounts' geändert. \
+             Versuchen Sie, die Transaktion neu zu starten",
+            "表 'accounts' の最後の読み込み時点から、レコードが変化しました。\
+             トランザクションを再試行してください。",
+            "Kirje tabelis 'accounts' on muutunud viimasest lugemisest saadik; alusta \
+             transaktsiooni otsast",
+        ] {
+            assert_eq!(unknown(message), ErrorClass::Transient, "{message}");
+        }
         // Waits cut short, in any language the server speaks.
         for message in [
             "canceling statement due to statement timeout",
@@ -437,6 +450,12 @@ mod tests {
                 assert_eq!(classify(&error), ErrorClass::Transient, "{code}: {text}");
                 checked += 1;
             }
+        }
+        for text in translations("ER_CHECKREAD") {
+            let message = text.replacen("%-.192s", "accounts", 1);
+            let error = error(DatabaseErrorKind::Unknown, message.clone().leak(), None);
+            assert_eq!(classify(&error), ErrorClass::Transient, "{message}");
+            checked += 1;
         }
         for text in translations("ER_SP_DOES_NOT_EXIST") {
             let message =

@@ -434,6 +434,56 @@ async fn a_batch_never_trusts_an_uncommitted_marker() {
     }
 }
 
+/// MariaDB's snapshot isolation (`innodb_snapshot_isolation`, on by default from 11.6)
+/// refuses a body's write to a row that another transaction changed after the body read
+/// it. That conflict is retried, never dead-lettered, in any server language.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshot_conflicts_are_retried() {
+    let Some(db) = create("snapshot_conflicts").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut writer = db.connect().await;
+        let has_snapshot_isolation = "SELECT COUNT(*) FROM information_schema.global_variables \
+             WHERE variable_name = 'INNODB_SNAPSHOT_ISOLATION'";
+        if select_i64(&mut writer, has_snapshot_isolation)
+            .await
+            .unwrap()
+            == 0
+        {
+            eprintln!("SKIPPED: this server has no innodb_snapshot_isolation");
+            return;
+        }
+        for language in ["en_US", "de_DE", "ja_JP", "et_EE"] {
+            let settings = format!(
+                "SET lc_messages = '{language}'; SET SESSION innodb_snapshot_isolation = ON; \
+                 SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+            );
+            let mut body = common::connect_with(&db, &settings).await;
+            body.batch_execute("START TRANSACTION; SELECT balance FROM accounts WHERE id = 0")
+                .await
+                .unwrap();
+            writer
+                .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 0")
+                .await
+                .unwrap();
+            let error = body
+                .batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 0")
+                .await
+                .expect_err("a snapshot conflict");
+            assert_eq!(
+                classify(&error),
+                ErrorClass::Transient,
+                "{language}: {error}"
+            );
+            body.batch_execute("ROLLBACK").await.unwrap();
+        }
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// With the server speaking German, a duplicate is still a duplicate (in sequence and
 /// for a copy that waited), and a lock wait timeout is still worth a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

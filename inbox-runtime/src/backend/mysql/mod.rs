@@ -136,13 +136,114 @@ pub(crate) fn lacks_key_digest(message: &str) -> bool {
     message.contains("'key_digest'")
 }
 
+/// 1020, a row that another transaction changed after this one's snapshot read it:
+/// MariaDB's `innodb_snapshot_isolation`, on by default from 11.6, refuses the write or
+/// locking read at REPEATABLE READ and rolls the transaction back. A retry reads the row
+/// afresh. Each translation, as the text before and after the table's name.
+const RECORD_CHANGED_MESSAGES: &[(&str, &str)] = &[
+    ("这个表自上次读后数据有变化'", "';尝试重新启动事务"),
+    ("Záznam byl změněn od posledního čtení v tabulce '", "'"),
+    (
+        "Posten er ændret siden sidste læsning '",
+        "'; Prøv at genstarte transaktionen",
+    ),
+    (
+        "Record has changed since last read in table '",
+        "'; try restarting transaction",
+    ),
+    (
+        "Kirje tabelis '",
+        "' on muutunud viimasest lugemisest saadik; alusta transaktsiooni otsast",
+    ),
+    (
+        "Enregistrement modifié depuis sa dernière lecture dans la table '",
+        "' : essayez de redémarrer la transaction",
+    ),
+    (
+        "Datensatz hat sich seit dem letzten Zugriff auf Tabelle '",
+        "' geändert. Versuchen Sie, die Transaktion neu zu starten",
+    ),
+    (
+        "ცხრილში '",
+        "' ჩანაწერი შეიცვალა ბოლო წაკითხვის შემდეგ. სცადეთ, ტრანზაქცია თავიდან გაუშვათ",
+    ),
+    (
+        "Η εγγραφή έχει αλλάξει από την τελευταία φορά που ανασύρθηκε από τον πίνακα '",
+        "'",
+    ),
+    ("रिकॉर्ड टेबल '", "' पिछली बार पढ़े जाने के बाद से बदल गया है"),
+    (
+        "A(z) '",
+        "' tablaban talalhato rekord megvaltozott az utolso olvasas ota",
+    ),
+    (
+        "Il record e` cambiato dall'ultima lettura della tabella '",
+        "'; Provare a far ripartire la transazione",
+    ),
+    (
+        "表 '",
+        "' の最後の読み込み時点から、レコードが変化しました。トランザクションを再試行してください。",
+    ),
+    (
+        "테이블 '",
+        "'에서 마지막으로 읽은 후 Record가 변경되었습니다.",
+    ),
+    (
+        "Record is veranderd sinds de laatste lees activiteit in de tabel '",
+        "'; Probeer herstart van de transactie",
+    ),
+    ("Posten har blitt endret siden den ble lest '", "'"),
+    (
+        "Posten har vorte endra sidan den sist vart lesen '",
+        "'; Prøv å starte transaksjonen på nytt",
+    ),
+    (
+        "Rekord został zmieniony od ostaniego odczytania z tabeli '",
+        "'",
+    ),
+    (
+        "Registro alterado desde a última leitura da tabela '",
+        "'. Tente reiniciar a transação",
+    ),
+    (
+        "Cimpul a fost schimbat de la ultima citire a tabelei '",
+        "'",
+    ),
+    (
+        "Запись изменилась с момента последней выборки в таблице '",
+        "'; Попробуйте перезапустить транзакцию",
+    ),
+    (
+        "Slog je promenjen od zadnjeg čitanja tabele '",
+        "'; Probajte da restartujete transakciju",
+    ),
+    ("Záznam bol zmenený od posledného čítania v tabuľke '", "'"),
+    (
+        "El registro ha cambiado desde la ultima lectura de la tabla '",
+        "'; intente volver a comenzar la transacción",
+    ),
+    (
+        "Posten har förändrats sedan den lästes i register '",
+        "'. Försök att starta om transaktionen",
+    ),
+    (
+        "Запис було змінено з часу останнього читання з таблиці '",
+        "'; спробуйте перезапустити транзакцію.",
+    ),
+];
+
 /// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
-/// retry: lock conflicts and interrupted waits in any server language, and a
-/// transaction rolled back under a nested savepoint.
+/// retry: lock conflicts, snapshot conflicts and interrupted waits in any server
+/// language, and a transaction rolled back under a nested savepoint.
 pub(crate) fn is_transient(message: &str) -> bool {
     RETRYABLE_SERVER_MESSAGES
         .iter()
         .any(|text| message.starts_with(text))
+        || RECORD_CHANGED_MESSAGES.iter().any(|(before, after)| {
+            message.len() >= before.len() + after.len()
+                && message.starts_with(before)
+                && message.ends_with(after)
+        })
         || is_lost_diesel_savepoint(message)
 }
 
