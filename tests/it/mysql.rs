@@ -414,6 +414,43 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
     db.cleanup().await;
 }
 
+/// With MariaDB's snapshot isolation on (the default from 11.6), a delivery that waits
+/// for another's marker still ends as `Duplicate` or `Processed`, never with a snapshot
+/// conflict: nothing the call sends before its body reads a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_delivery_meets_no_snapshot_conflict() {
+    let Some(db) = create("snapshot_isolation").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 4).await;
+        let snapshot = "SET SESSION innodb_snapshot_isolation = ON; \
+             SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ";
+        for (n, first_commits, reads_first) in [
+            (0, false, false),
+            (1, true, false),
+            (2, false, true),
+            (3, true, true),
+        ] {
+            let conn_b = common::connect_with(&db, snapshot).await;
+            let (_, second) = common::overlap(&db, conn_b, n, first_commits, reads_first).await;
+            let expected = if first_commits {
+                Outcome::Duplicate
+            } else {
+                Outcome::Processed(())
+            };
+            assert_eq!(
+                second.expect("B"),
+                expected,
+                "A commits: {first_commits}, B reads first: {reads_first}"
+            );
+        }
+        assert_eq!(common::balances(&db, 4).await, vec![1, 1, 1, 1]);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// At READ UNCOMMITTED a plain read sees another delivery's marker before it commits.
 /// A batch that meets it must wait for that delivery, and never answer `Duplicate` for
 /// a marker that then rolls back; nor `Processed` for one that commits.
