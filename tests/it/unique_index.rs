@@ -55,10 +55,14 @@ const POSTGRES: Dialect = Dialect {
          CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox (message_id, consumer); \
          INSERT INTO inbox (message_id, consumer) \
          SELECT gen_random_uuid()::text, 'credit' FROM generate_series(1, {markers})",
-    on_digest: "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
-         AND indexname = 'ux_inbox_message_consumer' AND indexdef LIKE '%inbox_key_digest%'",
-    indexes: "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
-         AND tablename = 'inbox'",
+    // The catalog's rows alone, as `upgrade_unique_index` reads them: pg_indexes calls
+    // pg_get_indexdef, which can fail on another test's index as that test drops it
+    // ("cache lookup failed for attribute 1 of relation …").
+    on_digest: "SELECT COUNT(*) FROM pg_depend WHERE classid = 'pg_class'::regclass \
+         AND objid = to_regclass('ux_inbox_message_consumer') \
+         AND refclassid = 'pg_proc'::regclass \
+         AND refobjid = to_regprocedure('inbox_key_digest(text,text)')",
+    indexes: "SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass('inbox')",
     finds_the_holder: true,
 };
 
