@@ -414,6 +414,10 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
     db.cleanup().await;
 }
 
+/// MariaDB's snapshot isolation, at the isolation level where it applies.
+const SNAPSHOT_ISOLATION: &str = "SET SESSION innodb_snapshot_isolation = ON; \
+     SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ";
+
 /// Whether the server has MariaDB's `innodb_snapshot_isolation` (10.6.18, 10.11.8 and
 /// later; MySQL has none): the tests of it are skipped where it has not.
 async fn has_snapshot_isolation(conn: &mut AsyncMysqlConnection) -> bool {
@@ -442,15 +446,13 @@ async fn a_waiting_delivery_meets_no_snapshot_conflict() {
         if !has_snapshot_isolation(&mut db.connect().await).await {
             return;
         }
-        let snapshot = "SET SESSION innodb_snapshot_isolation = ON; \
-             SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ";
         for (n, first_commits, reads_first) in [
             (0, false, false),
             (1, true, false),
             (2, false, true),
             (3, true, true),
         ] {
-            let conn_b = common::connect_with(&db, snapshot).await;
+            let conn_b = common::connect_with(&db, SNAPSHOT_ISOLATION).await;
             let (_, second) = common::overlap(&db, conn_b, n, first_commits, reads_first).await;
             let expected = if first_commits {
                 Outcome::Duplicate
@@ -504,10 +506,7 @@ async fn snapshot_conflicts_are_retried() {
             return;
         }
         for language in ["en_US", "de_DE", "ja_JP", "et_EE"] {
-            let settings = format!(
-                "SET lc_messages = '{language}'; SET SESSION innodb_snapshot_isolation = ON; \
-                 SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"
-            );
+            let settings = format!("SET lc_messages = '{language}'; {SNAPSHOT_ISOLATION}");
             let mut body = common::connect_with(&db, &settings).await;
             body.batch_execute("START TRANSACTION; SELECT balance FROM accounts WHERE id = 0")
                 .await
