@@ -14,7 +14,8 @@ pub enum ErrorClass {
     InboxDuplicate,
     /// A conflict that a retry on the same connection can resolve: a serialization
     /// failure (MariaDB's snapshot conflict among them), a deadlock, a lock or statement
-    /// timeout, `SQLITE_BUSY`, an interrupted statement. Nothing was committed: redeliver the message.
+    /// timeout, `SQLITE_BUSY`, an interrupted statement. Nothing was committed:
+    /// redeliver the message.
     Transient,
     /// The connection cannot be used again, or could not be had: it was lost, left
     /// inside a transaction (by a cancelled handler, or a rollback that failed), reaches
