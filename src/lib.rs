@@ -132,11 +132,10 @@ pub mod __private {
     pub use inbox_runtime::{
         ClaimPolicy, ConnectionParameter, DatabaseClassOf, FastPath, Fingerprint, Handler,
         HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,
-        register_handler, run, run_claimed,
+        register_handler,
     };
-    pub use inbox_runtime::{
-        batch_keys, batch_messages, owned_batch, run_batch, run_lending_batch, run_owned_batch,
-    };
+    pub use inbox_runtime::{batch_keys, batch_messages, begin_batch, owned_batch};
+    pub use inbox_runtime::{begin_transaction, claim_delivery};
 }
 
 #[cfg(feature = "testing")]

@@ -1,8 +1,9 @@
 //! The `#[idempotent]` attribute of [diesel-inbox](https://docs.rs/diesel-inbox).
 //!
 //! Use it through `diesel_inbox::idempotent`; it is documented there. The attribute only
-//! checks and rewires the handler: the transaction itself is the runtime function
-//! `diesel_inbox::__private::run`.
+//! checks and rewires the handler: the steps before and after its body, the transaction
+//! itself, are the runtime's (`diesel_inbox::__private::begin_transaction` and its
+//! kin).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
@@ -10,6 +11,7 @@
 mod args;
 mod diagnostics;
 mod expand;
+mod item;
 mod manifest;
 mod validate;
 
@@ -95,12 +97,9 @@ use quote::ToTokens;
 ///   `Vec`, or another type by value, such as `Arc<[M]>`, is lent as `Vec<&M>`. When the
 ///   return type names the lifetime of a borrowed batch (`msgs: &'a [M]` returning
 ///   `Result<Vec<&'a str>, E>`), the body's `Vec<&'a M>` is borrowed for that lifetime,
-///   so that its value may borrow from the messages; such a handler's future cannot be
-///   `tokio::spawn`ed (rustc does not prove it `Send` for every lifetime).
+///   so that its value may borrow from the messages.
 ///   `fast_path`, `claim` and `fingerprint` do not combine with `batch`. Expands to a
-///   call of `diesel_inbox::__private::run_batch` in place of `run`
-///   (`run_owned_batch` for a batch the body owns, `run_lending_batch` for one its
-///   value borrows from).
+///   call of `diesel_inbox::__private::begin_batch` in place of `begin_transaction`.
 ///   [The batches guide](https://docs.rs/diesel-inbox/latest/diesel_inbox/guide/batches/index.html) says what runs when.
 /// - `crate = <path>`: where the generated code finds diesel-inbox, by default
 ///   `::diesel_inbox`, or the name Cargo.toml gives a renamed dependency
@@ -131,7 +130,7 @@ use quote::ToTokens;
 /// ```ignore
 /// async fn credit(
 ///     // The same name, with the expansion's hygiene: only the expansion reaches this
-///     // binding, and the closure's `conn` below shadows none of the user's (which
+///     // binding, and the body's `conn` below shadows none of the user's (which
 ///     // `clippy::shadow_unrelated` would report). So does a batch parameter.
 ///     conn: &mut AsyncPgConnection,
 ///     // `mut` for the borrow in the body below. Parameters the body never names are
@@ -160,7 +159,7 @@ use quote::ToTokens;
 ///     // registers its items, without an `allow` of its own.
 ///     diesel_inbox::__private::register_handler!(HANDLER);
 ///     // How the transaction begins, picked by autoref on the connection parameter's
-///     // type before `run` borrows it: `&mut AsyncPgConnection` (or a pool's guard of
+///     // type before the borrow below: `&mut AsyncPgConnection` (or a pool's guard of
 ///     // one) pipelines BEGIN with the marker insert, any other type (a generic `C`
 ///     // included) sends them in turn. Not in claim mode, whose body runs in no
 ///     // transaction.
@@ -169,6 +168,13 @@ use quote::ToTokens;
 ///         (&&&diesel_inbox::__private::BeginProbe::of(&conn)).begin()
 ///     };
 ///
+///     // How the inbox's own database errors become the handler's error type, and
+///     // (picked by autoref, for a `std::error::Error`) how a database error the body
+///     // raised is read back out of one for the span's `error.type`.
+///     let error_type = diesel_inbox::__private::HandlerErrorType {
+///         from_diesel: <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
+///         database_class: (&&DatabaseClassOf::<AppError>::new()).reader(),
+///     };
 ///     // The key, the fast-path choice and the fingerprint are evaluated first, so all
 ///     // may use `conn`: one that names it is evaluated in a block that starts with
 ///     // `let conn = &mut *conn;`.
@@ -176,44 +182,52 @@ use quote::ToTokens;
 ///     let mode = diesel_inbox::__private::FastPath::Adaptive;
 ///     // `fingerprint = payload`: `Some(diesel_inbox::__private::Fingerprint::of(&(payload)))`.
 ///     let fingerprint = None;
-///     // In claim mode, `run_claimed`, with `mode` the claim's settings:
+///     // Takes the `&mut` borrow. A parameter not written `&mut` is named by its type,
+///     // `<Object<AsyncPgConnection> as ConnectionParameter<'_>>::borrow(conn)`, so that
+///     // a connection taken by value is reported at that type.
+///     let connection = diesel_inbox::__private::ConnectionParameter::borrow(conn);
+///     // The step before the body: the marker inserted in a new transaction, or the
+///     // delivery stopped as a duplicate or by a database error. Boxed and generic over
+///     // the connection alone, so compiled once per connection type; its bounds on the
+///     // connection are reported at the parameter. In claim mode, `claim_delivery`,
+///     // without `begin`, with `mode` the claim's settings:
 ///     // `{ let lease: Duration = …; ClaimPolicy::new(Some(lease), Some(max), takeover) }`.
-///     diesel_inbox::__private::run(
-///         // Takes the `&mut` borrow. A parameter not written `&mut` is named by its type,
-///         // `<Object<AsyncPgConnection> as ConnectionParameter<'_>>::borrow(conn)`, so
-///         // that a connection taken by value is reported at that type.
-///         diesel_inbox::__private::ConnectionParameter::borrow(conn),
+///     let mut steps = match diesel_inbox::__private::begin_transaction(
+///         diesel_inbox::__private::ConnectionParameter::borrow(&mut *connection),
 ///         begin,
 ///         &HANDLER,
 ///         message_id,
 ///         mode,
 ///         fingerprint,
-///         // How the inbox's own database errors become the handler's error type, and
-///         // (picked by autoref, for a `std::error::Error`) how a database error the
-///         // body raised is read back out of one for the span's `error.type`.
-///         diesel_inbox::__private::HandlerErrorType {
-///             from_diesel: <AppError as diesel_inbox::__private::HandlerError>::from_diesel,
-///             database_class: (&&DatabaseClassOf::<AppError>::new()).reader(),
-///         },
-///         // Not `move`: the parameters stay the handler's. `conn` here is the
-///         // transaction's connection, shadowing the parameter; a `mut` written on the
-///         // parameter moves here, to the binding the body can reassign. In claim mode
-///         // it is the connection itself, outside any transaction, and the closure's
-///         // body starts with `let _ = &conn;`: most claim bodies never use it. The
-///         // closure is placed at the declared return type, where rustc's "this function
-///         // returns a `Result`" then points.
-///         async |conn| -> Result<(), AppError> {
+///     )
+///     .await
+///     {
+///         Ok(steps) => steps,
+///         Err(stopped) => return stopped.finish(&error_type),
+///     };
+///     // The body, an async block of the handler's own, run in the delivery's span and
+///     // scope. Not `move`: the parameters stay the handler's. It is placed at the
+///     // declared return type, where rustc's "this function returns a `Result`" then
+///     // points.
+///     let result = steps
+///         .body(async {
+///             // The transaction's connection, under the parameter's name; a `mut`
+///             // written on the parameter moves here, to the binding the body can
+///             // reassign. In claim mode it is the connection itself, outside any
+///             // transaction, followed by `let _ = &conn;`: most claim bodies never use
+///             // it.
+///             let conn = &mut *connection;
 ///             // Never taken: makes rustc check the body against the declared return
 ///             // type, so that coercions such as `Ok(Box::new(x))` for a boxed trait
 ///             // object apply as in a plain `async fn`. An `impl Trait` in the return
-///             // type is `_` in these two places. For an alias such as
-///             // `diesel::QueryResult<()>`, `T` and `E` here and in the signature are
+///             // type is `_` here. For an alias such as `diesel::QueryResult<()>`, `T`
+///             // and `E` here and in the signature are
 ///             // `<diesel::QueryResult<()> as diesel_inbox::__private::HandlerResult>::Ok`
 ///             // and `::Err`.
 ///             if false {
 ///                 return diesel_inbox::__private::fake_return::<Result<(), AppError>>();
 ///             }
-///             // Borrows each parameter the body names, whole and mutably: the closure
+///             // Borrows each parameter the body names, whole and mutably: the block
 ///             // then captures neither a copy of a field nor a shared reference. A
 ///             // `&mut` parameter is renamed apart in the signature, as `conn` is, and
 ///             // moved in instead: `let msg = msg;`.
@@ -225,9 +239,14 @@ use quote::ToTokens;
 ///                     .await?;
 ///                 Ok(())
 ///             }
-///         },
-///     )
-///     .await
+///         })
+///         .await;
+///     // The step after the body, boxed like the first: COMMIT when the body returned
+///     // `Ok`, ROLLBACK otherwise; then the handler's result, reported.
+///     steps
+///         .close(connection, result.is_ok())
+///         .await
+///         .finish(result, &error_type)
 /// }
 /// ```
 ///
@@ -239,14 +258,14 @@ use quote::ToTokens;
 /// the place after them where rustc suggests bounds: the trait default check below is
 /// not answered with "consider `where Self: Sized`". The batch form binds
 /// `batch_messages(&msgs)` (`owned_batch(msgs)` for a batch the body owns), placed at
-/// the parameter in the signature, once, and passes its keys and the closure to
-/// `run_batch`.
+/// the parameter in the signature, once, passes its keys to `begin_batch`, and binds
+/// the body's `msgs` to `steps.select(…)`, the new messages.
 ///
-/// `run` refuses a connection already inside a transaction (but for a test transaction,
-/// where it sets a savepoint instead), takes the fast path if it is on, then begins a
-/// transaction, inserts the marker (waiting for any transaction
-/// that holds the same key), runs the body, checks that the database has not rolled the
-/// transaction back underneath it, and commits.
+/// `begin_transaction` refuses a connection already inside a transaction (but for a
+/// test transaction, where it sets a savepoint instead), takes the fast path if it is
+/// on, then begins a transaction and inserts the marker (waiting for any transaction
+/// that holds the same key); `close` checks that the database has not rolled the
+/// transaction back underneath the body, and commits.
 ///
 /// The body sees its parameters as the plain function would: it can assign to them and
 /// their fields, and move them. They stay the handler's, and drop when it returns, after
@@ -301,12 +320,12 @@ use quote::ToTokens;
 /// completion keeps working, without "unused variable" warnings for parameters only the
 /// arguments use.
 ///
-/// The body is the body of an async closure, so rustc says "async closure" where it
-/// would say "async function", as in "the `?` operator can only be used on `Result`s,
-/// not `Option`s, in an async closure that returns `Result`"; the error is at the `?`,
-/// names the declared `Result<T, E>`, and "this function returns a `Result`" points at
-/// the declared return type. (Only an `async fn` of its own would change the wording,
-/// and the body could not reach the handler's parameters from one.)
+/// The body is the body of an async block, so rustc says "async block" where it would
+/// say "async function", as in "the `?` operator can only be used on `Result`s, not
+/// `Option`s, in an async block that returns `Result`"; the error is at the `?`, names
+/// the declared `Result<T, E>`, and "this function returns a `Result`" points at the
+/// declared return type. (Only an `async fn` of its own would change the wording, and
+/// the body could not reach the handler's parameters from one.)
 ///
 /// # Lints
 ///
@@ -317,7 +336,7 @@ use quote::ToTokens;
 /// the expansion's.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut function = match syn::parse::<syn::ItemFn>(item.clone()) {
+    let mut function = match syn::parse::Parser::parse(item::parse_function, item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = match syn::parse::<syn::TraitItemFn>(item.clone()) {

@@ -8,7 +8,7 @@
 //! marker commit together or not at all.
 
 use std::convert::Infallible;
-use std::pin::Pin;
+use std::mem;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -18,7 +18,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::begin::Begin;
-use crate::body_scope::{InBody, Scope};
+use crate::body_scope::{DropScope, InBody, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
@@ -26,6 +26,7 @@ use crate::handler::{Handler, RegisteredHandler};
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
+use crate::step::Step;
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -161,17 +162,10 @@ pub fn owned_batch<M, A: OwnedBatch<M>>(messages: A) -> Vec<M> {
 }
 
 /// Encodes the key of each message, in order; the first that cannot be encoded rejects
-/// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here.
+/// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here,
+/// through `dyn`, so that this is compiled once per message type, not per handler.
 #[doc(hidden)]
 pub fn batch_keys<M>(
-    messages: &[M],
-    mut key: impl FnMut(&M) -> Result<String, InvalidKey>,
-) -> Result<Vec<String>, InvalidBatchKey> {
-    keys_of(messages, &mut key)
-}
-
-// Through `dyn`, so that only this small function is compiled per handler's key.
-fn keys_of<M>(
     messages: &[M],
     key: &mut dyn FnMut(&M) -> Result<String, InvalidKey>,
 ) -> Result<Vec<String>, InvalidBatchKey> {
@@ -255,164 +249,186 @@ impl Markers {
     }
 }
 
-/// Runs `body` once over the messages of `messages` that are new to this consumer, in
-/// one transaction with their markers. This is what `#[idempotent(batch = …)]` expands
-/// to for a borrowed batch, such as `msgs: &[M]`; the body sees a `Vec<&M>`.
+/// Begins a batch delivery that runs its body once over the messages that are new to
+/// this consumer, in one transaction with their markers. The `#[idempotent(batch = …)]`
+/// expansion awaits this, then picks the new messages with [`InBatch::select`], runs
+/// its body on them in [`InBatch::body`], and awaits [`InBatch::close`].
 ///
-/// 1. An empty batch returns at once, with no transaction. An invalid key (in
+/// 1. An empty batch (`len` 0) stops at once, with no transaction. An invalid key (in
 ///    `message_ids`, encoded by [`batch_keys`]) rejects the batch before anything is
 ///    written.
-/// 2. Refuses a connection inside a transaction, as [`run`](crate::run) does (a test
+/// 2. Refuses a connection inside a transaction, as the transactional mode does (a test
 ///    transaction gets a savepoint instead).
-/// 3. In one transaction: inserts the batch's markers in key order, each key once,
-///    waiting for any transaction holding one of them, then runs `body` on the new
-///    messages, in the batch's order, and commits after the same check as `run`'s that
-///    the database did not roll the transaction back underneath. If no message is new,
-///    the body does not run, and the transaction rolls back. `Err` from `body` rolls back
-///    every marker of the batch.
+/// 3. Begins one transaction and inserts the batch's markers in it in key order, each
+///    key once, waiting for any transaction holding one of them. If no message is new,
+///    the transaction rolls back and the delivery stops, every message a duplicate.
 ///
-/// The returned future is `Send` exactly when `body`'s is and `M` is `Sync`.
+/// As in the transactional mode, the steps are boxed and `Send`, so that the handler's
+/// future is `Send` exactly when its body's is.
 #[doc(hidden)]
-pub fn run_batch<'m, C, M, T, E, F>(
-    conn: &mut C,
+pub fn begin_batch<'c, C>(
+    conn: &'c mut C,
     begin: Begin<C>,
     handler: &'static Handler,
-    messages: &'m [M],
+    len: usize,
     message_ids: Result<Vec<String>, InvalidBatchKey>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> impl Future<Output = Result<BatchOutcome<T>, E>>
+) -> Step<'c, Result<InBatch<C>, BatchStopped>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r, 'b> AsyncFnOnce(&'r mut C, Vec<&'b M>) -> Result<T, E>,
 {
-    run_new(
-        conn,
-        begin,
-        handler,
-        messages.iter(),
-        message_ids,
-        error_type,
-        body,
-    )
-}
-
-/// [`run_batch`] for a batch the handler owns (`msgs: Vec<M>`, `[M; N]`, `Box<[M]>`):
-/// the body owns the new messages, a `Vec<M>` moved out of the batch, so that the
-/// returned future is `Send` when `M` is, as a plain `async fn`'s that takes the batch
-/// is; the duplicates drop before the body runs.
-#[doc(hidden)]
-pub fn run_owned_batch<C, M, T, E, F>(
-    conn: &mut C,
-    begin: Begin<C>,
-    handler: &'static Handler,
-    messages: Vec<M>,
-    message_ids: Result<Vec<String>, InvalidBatchKey>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> impl Future<Output = Result<BatchOutcome<T>, E>>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C, Vec<M>) -> Result<T, E>,
-{
-    run_new(
-        conn,
-        begin,
-        handler,
-        messages,
-        message_ids,
-        error_type,
-        body,
-    )
-}
-
-/// [`run_batch`] for a body whose value borrows from the messages
-/// (`msgs: &'a [M]` returning `Result<Vec<&'a str>, E>`): the body's messages are
-/// borrowed for the batch's own lifetime `'m`, not for any lifetime, so its value may
-/// name it. Such a handler is awaited where its batch lives: its future is not
-/// spawnable, even over a `&'static` batch, since rustc does not prove it `Send` for
-/// every lifetime of the messages ("implementation of `AsyncFnOnce` is not general
-/// enough"). [`run_batch`], whose body takes its messages for any lifetime, has no
-/// such limit.
-#[doc(hidden)]
-pub fn run_lending_batch<'m, C, M, T, E, F>(
-    conn: &mut C,
-    begin: Begin<C>,
-    handler: &'static Handler,
-    messages: &'m [M],
-    message_ids: Result<Vec<String>, InvalidBatchKey>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> impl Future<Output = Result<BatchOutcome<T>, E>>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C, Vec<&'m M>) -> Result<T, E>,
-{
-    run_new(
-        conn,
-        begin,
-        handler,
-        messages.iter(),
-        message_ids,
-        error_type,
-        body,
-    )
-}
-
-/// The three runners' common course: the body gets the items of `messages` whose
-/// markers are new, whatever those items are (borrows of the messages, or the messages
-/// themselves).
-async fn run_new<C, I, T, E, F>(
-    conn: &mut C,
-    begin: Begin<C>,
-    handler: &'static Handler,
-    messages: I,
-    message_ids: Result<Vec<String>, InvalidBatchKey>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> Result<BatchOutcome<T>, E>
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-    I: IntoIterator<IntoIter: ExactSizeIterator>,
-    F: for<'r> AsyncFnOnce(&'r mut C, Vec<I::Item>) -> Result<T, E>,
-{
-    let messages = messages.into_iter();
-    let len = messages.len();
     if len == 0 {
-        return Ok(BatchOutcome::all_duplicates(0));
+        return Box::pin(std::future::ready(Err(BatchStopped { delivery: None })));
     }
-    // As in `run`: only the awaits are written here, compiled once per handler; the
-    // steps around the body are generic over the connection alone, and boxed, and the
-    // rest is generic over the messages' type, or not at all.
     let delivery = BatchDelivery::start(handler.registration, len);
-    let opened = open(
-        conn,
-        begin,
-        delivery.consumer(),
-        message_ids,
-        &delivery.span,
-    );
-    let Opened {
+    Box::pin(async move {
+        let opened = open(
+            conn,
+            begin,
+            delivery.consumer(),
+            message_ids,
+            &delivery.span,
+        );
+        match opened.await {
+            Ok(Opened {
+                enclosing,
+                markers,
+                new,
+            }) => Ok(InBatch {
+                scope: DropScope::new(
+                    Scope::delivery(delivery.consumer(), markers.first_new_key(&new)),
+                    &delivery.span,
+                ),
+                delivery,
+                enclosing,
+                markers,
+                new,
+                close: close::<C>,
+            }),
+            Err(stop) => Err(BatchStopped {
+                delivery: Some((delivery, stop)),
+            }),
+        }
+    })
+}
+
+/// A batch whose transaction holds its markers, some of them new: what the handler's
+/// future holds while its body runs.
+#[doc(hidden)]
+pub struct InBatch<C: ?Sized> {
+    delivery: BatchDelivery,
+    enclosing: Enclosing,
+    markers: Markers,
+    new: Vec<bool>,
+    scope: DropScope,
+    /// The close step for `C`, chosen where `C`'s bounds were checked: a connection of
+    /// a type the inbox cannot use is then reported once, at [`begin_batch`].
+    close: for<'c> fn(&'c mut C, BatchClosing) -> Step<'c, BatchClosed>,
+}
+
+impl<C: ?Sized> InBatch<C> {
+    /// The new messages among `messages` (borrows of a borrowed batch's, or an owned
+    /// batch's messages themselves), in the batch's order: each new key's first.
+    pub fn select<I>(&self, messages: I) -> Vec<I::Item>
+    where
+        I: IntoIterator,
+    {
+        self.markers.select(messages.into_iter(), &self.new)
+    }
+
+    /// The body's future, run in the delivery's span and scope.
+    #[inline(always)]
+    pub fn body<F>(&mut self, body: F) -> InBody<F> {
+        InBody::new(body, mem::take(&mut self.scope))
+    }
+
+    /// Commits the transaction when the body `succeeded`, rolls it back otherwise.
+    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, BatchClosed> {
+        let closing = BatchClosing {
+            delivery: self.delivery,
+            enclosing: self.enclosing,
+            outcomes: self.markers.outcomes(&self.new),
+            succeeded,
+        };
+        (self.close)(conn, closing)
+    }
+}
+
+/// What the close step needs.
+struct BatchClosing {
+    delivery: BatchDelivery,
+    enclosing: Enclosing,
+    outcomes: Vec<Outcome<()>>,
+    succeeded: bool,
+}
+
+fn close<C>(conn: &mut C, closing: BatchClosing) -> Step<'_, BatchClosed>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let BatchClosing {
+        delivery,
         enclosing,
-        markers,
-        new,
-    } = match opened.await {
-        Ok(opened) => opened,
-        Err(stop) => return delivery.finish(Err(stop.widen()), &error_type),
-    };
-    let to_process = markers.select(messages, &new);
-    let scope = Scope::delivery(delivery.consumer(), markers.first_new_key(&new));
-    let result = InBody::new(body(&mut *conn, to_process), scope, &delivery.span).await;
-    let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
-    let stopped = call::after_close(result, closed).map(|value| BatchOutcome {
-        value: Some(value),
-        outcomes: markers.outcomes(&new),
-    });
-    delivery.finish(stopped, &error_type)
+        outcomes,
+        succeeded,
+    } = closing;
+    Box::pin(async move {
+        let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;
+        BatchClosed {
+            delivery,
+            outcomes,
+            closed,
+        }
+    })
+}
+
+/// A batch whose transaction has ended.
+#[doc(hidden)]
+pub struct BatchClosed {
+    delivery: BatchDelivery,
+    outcomes: Vec<Outcome<()>>,
+    closed: Result<(), Error>,
+}
+
+impl BatchClosed {
+    /// The handler's result: the body's value with each message's outcome, unless the
+    /// transaction failed to end, whose error then replaces it.
+    pub fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<BatchOutcome<T>, E> {
+        let Self {
+            delivery,
+            outcomes,
+            closed,
+        } = self;
+        let stopped = call::after_close(result, closed).map(|value| BatchOutcome {
+            value: Some(value),
+            outcomes,
+        });
+        delivery.finish(stopped, error_type)
+    }
+}
+
+/// A batch whose body does not run: an empty one, one whose every message is a
+/// duplicate, or one stopped by a database error.
+#[doc(hidden)]
+pub struct BatchStopped {
+    /// The delivery and why it stopped; `None` for an empty batch, which is no
+    /// delivery at all.
+    delivery: Option<(BatchDelivery, Stop<Infallible>)>,
+}
+
+impl BatchStopped {
+    /// The handler's result.
+    pub fn finish<T, E>(self, error_type: &HandlerErrorType<E>) -> Result<BatchOutcome<T>, E> {
+        match self.delivery {
+            None => Ok(BatchOutcome::all_duplicates(0)),
+            Some((delivery, stop)) => delivery.finish(Err(stop.widen()), error_type),
+        }
+    }
 }
 
 /// One batch delivery's report: its span, its size and its start.
@@ -498,7 +514,7 @@ pub(crate) fn open<'c, C>(
     consumer: &'static str,
     message_ids: Result<Vec<String>, InvalidBatchKey>,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Result<Opened, Stop<Infallible>>> + 'c>>
+) -> impl Future<Output = Result<Opened, Stop<Infallible>>> + Send + 'c
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -508,7 +524,7 @@ where
         let opened = open_unboxed(&mut *conn, begin, consumer, message_ids).await;
         call::explained(conn, opened, &explained_in).await
     };
-    Box::pin(opened.instrument(span.clone()))
+    opened.instrument(span.clone())
 }
 
 async fn open_unboxed<C>(
@@ -602,7 +618,7 @@ mod tests {
     #[test]
     fn an_invalid_key_names_its_message() {
         let messages = ["m1", "m2", "", "m4", ""];
-        let rejected = batch_keys(&messages, encode_key).unwrap_err();
+        let rejected = batch_keys(&messages, &mut encode_key).unwrap_err();
         assert_eq!(
             rejected,
             InvalidBatchKey {

@@ -16,8 +16,9 @@ use diesel_async::AsyncConnection;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 
-/// How [`run`](crate::run) and [`run_batch`](crate::run_batch) begin the call's
-/// transaction: picked by [`BeginProbe`].
+/// How [`begin_transaction`](crate::begin_transaction) and
+/// [`begin_batch`](crate::begin_batch) begin the call's transaction: picked by
+/// [`BeginProbe`].
 pub struct Begin<C> {
     /// The connection that pipelines, reached from the handler's.
     #[cfg(feature = "postgres")]

@@ -158,7 +158,8 @@ impl Claim {
 
 pin_project_lite::pin_project! {
     /// A body's future, run in its scope.
-    pub(crate) struct InBody<F> {
+    #[doc(hidden)]
+    pub struct InBody<F> {
         // Dropped before `scope`, so in it: see the `PinnedDrop` below.
         #[pin]
         body: F,
@@ -176,18 +177,17 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> InBody<F> {
-    /// `body` in `scope` and `span`.
-    pub(crate) fn new(body: F, scope: Scope, span: &tracing::Span) -> Self {
-        Self {
-            body,
-            scope: DropScope::new(scope, span),
-        }
+    /// `body` in `scope`.
+    #[inline(always)]
+    pub(crate) fn new(body: F, scope: DropScope) -> Self {
+        Self { body, scope }
     }
 }
 
 impl<F: Future> Future for InBody<F> {
     type Output = F::Output;
 
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let _scope = Entered::new(&mut this.scope.scope, &this.scope.span);
@@ -197,7 +197,7 @@ impl<F: Future> Future for InBody<F> {
 
 /// A body's scope and span. Not generic, so that what a body's future does on top of the
 /// body itself is compiled once, here.
-struct DropScope {
+pub(crate) struct DropScope {
     scope: Scope,
     span: tracing::Span,
     /// Whether the scope and the span are entered for the body's drop. (Not a span
@@ -205,8 +205,15 @@ struct DropScope {
     entered_for_drop: bool,
 }
 
+/// Taken by the body: what its step holds after.
+impl Default for DropScope {
+    fn default() -> Self {
+        Self::new(Scope::default(), &tracing::Span::none())
+    }
+}
+
 impl DropScope {
-    fn new(scope: Scope, span: &tracing::Span) -> Self {
+    pub(crate) fn new(scope: Scope, span: &tracing::Span) -> Self {
         Self {
             scope,
             span: span.clone(),
@@ -268,7 +275,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
-    use super::{Claim, InBody, Scope};
+    use super::{Claim, DropScope, InBody, Scope};
 
     fn claim(consumer: &'static str) -> Claim {
         Claim {
@@ -278,6 +285,10 @@ mod tests {
             token: uuid::Uuid::nil(),
             lease: Duration::from_secs(1),
         }
+    }
+
+    fn scope(scope: Scope) -> DropScope {
+        DropScope::new(scope, &tracing::Span::none())
     }
 
     fn current_consumer() -> Option<&'static str> {
@@ -295,19 +306,14 @@ mod tests {
 
     #[test]
     fn scopes_nest_and_each_poll_restores_the_outer_claim() {
-        let inner = InBody::new(
-            async { current_consumer() },
-            Scope::default(),
-            &tracing::Span::none(),
-        );
+        let inner = InBody::new(async { current_consumer() }, scope(Scope::default()));
         let outer = InBody::new(
             async {
                 let before = current_consumer();
                 let inner = inner.await;
                 (before, inner, current_consumer())
             },
-            Scope::claimed(claim("outer")),
-            &tracing::Span::none(),
+            scope(Scope::claimed(claim("outer"))),
         );
         let mut outer = Box::pin(outer);
         let polled = outer.as_mut().poll(&mut Context::from_waker(Waker::noop()));
@@ -323,11 +329,7 @@ mod tests {
             let _reads = ReadsOnDrop(&SEEN);
             poll_fn(|_| Poll::<()>::Pending).await;
         };
-        let mut body = Box::pin(InBody::new(
-            body,
-            Scope::claimed(claim("c")),
-            &tracing::Span::none(),
-        ));
+        let mut body = Box::pin(InBody::new(body, scope(Scope::claimed(claim("c")))));
         let polled = body.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         assert!(polled.is_pending());
         assert_eq!(current_consumer(), None);

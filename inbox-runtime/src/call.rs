@@ -1,8 +1,6 @@
 //! The steps a transactional or batch call takes after its body, whatever the body's
 //! types: compiled once per connection type rather than once per handler.
 
-use std::pin::Pin;
-
 use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use tracing::Instrument as _;
@@ -24,7 +22,7 @@ pub(crate) fn close<'c, C>(
     enclosing: Enclosing,
     succeeded: bool,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Result<(), Error>> + 'c>>
+) -> impl Future<Output = Result<(), Error>> + Send + 'c
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -36,7 +34,7 @@ where
             Err(error) => Err(explain(conn, error, &explained_in).await),
         }
     };
-    Box::pin(closed.instrument(span.clone()))
+    closed.instrument(span.clone())
 }
 
 /// The call's result once [`close`] has ended its transaction: the body's, unless the

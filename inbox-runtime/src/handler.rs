@@ -95,7 +95,7 @@ impl<E: From<Error>> HandlerError for E {
 }
 
 /// Never called: the `#[idempotent]` expansion writes `if false { return
-/// fake_return::<R>(); }` at the top of the body's closure, so that rustc checks the
+/// fake_return::<R>(); }` at the top of the body's block, so that rustc checks the
 /// body against the handler's declared return type `R` and coerces inside it
 /// (`Ok(Box::new(x))` for `Result<Box<dyn Trait>, E>`), as it does for a plain
 /// `async fn`. A call returning `R`, unlike a diverging `loop {}`, adds no unreachable
@@ -105,9 +105,9 @@ pub fn fake_return<R>() -> R {
     unreachable!("`fake_return` is only named in a branch that never runs")
 }
 
-/// The connection parameter of an `#[idempotent]` handler, as `run` takes it: a `&mut`
-/// borrow. Through this trait, rather than `run`'s own `&mut C`, a connection taken by
-/// value is reported at the handler's parameter with what to write instead.
+/// The connection parameter of an `#[idempotent]` handler, as its steps take it: a
+/// `&mut` borrow. Through this trait, rather than the steps' own `&mut C`, a connection
+/// taken by value is reported at the handler's parameter with what to write instead.
 #[diagnostic::on_unimplemented(
     message = "the connection parameter of an `#[idempotent]` handler must be a `&mut` \
                borrow, not `{Self}`",
@@ -119,7 +119,7 @@ pub trait ConnectionParameter<'c> {
     /// The connection the transaction runs on.
     type Connection: ?Sized;
 
-    /// The borrow `run` takes.
+    /// The borrow the steps take.
     fn borrow(self) -> &'c mut Self::Connection;
 }
 

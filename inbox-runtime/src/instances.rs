@@ -13,10 +13,9 @@ use diesel_async::AsyncConnection;
 use crate::backend::InboxBackend;
 use crate::batch;
 use crate::begin::Begin;
-use crate::call;
 use crate::claims::ClaimPolicy;
 use crate::claims::protocol;
-use crate::enclosing::Enclosing;
+use crate::fast_path::FastPath;
 use crate::handler::{Handler, RegisteredHandler};
 use crate::transaction;
 
@@ -51,14 +50,19 @@ where
     C::Backend: InboxBackend,
 {
     static HANDLER: Handler = Handler::new(RegisteredHandler::new("", ""));
-    let span = tracing::Span::none();
-    let message_id = Ok(String::new());
     let begin = Begin::in_sequence();
-    let _ = transaction::open(conn, begin, &HANDLER, message_id, false, None, &span).await;
-    let _ = batch::open(conn, Begin::in_sequence(), "", Ok(Vec::new()), &span).await;
-    let _ = call::close(conn, Enclosing::Nothing, true, &span).await;
+    let id = || Ok(String::new());
+    let begun =
+        transaction::begin_transaction(conn, begin, &HANDLER, id(), FastPath::Adaptive, None);
+    if let Ok(transaction) = begun.await {
+        let _ = transaction.close(conn, true).await;
+    }
+    let begun = batch::begin_batch(conn, Begin::in_sequence(), &HANDLER, 1, Ok(Vec::new()));
+    if let Ok(batch) = begun.await {
+        let _ = batch.close(conn, true).await;
+    }
     let policy = ClaimPolicy::new(None, None, false);
-    if let Ok(held) = protocol::claim(conn, "", Ok(String::new()), policy, None, &span).await {
-        let _ = protocol::settle(conn, held, true, &span).await;
+    if let Ok(claimed) = protocol::claim_delivery(conn, &HANDLER, id(), policy, None).await {
+        let _ = claimed.close(conn, true).await;
     }
 }

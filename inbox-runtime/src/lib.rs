@@ -49,6 +49,7 @@ mod retention;
 mod retry;
 pub mod schema;
 mod session_check;
+mod step;
 mod test_transaction;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -57,11 +58,13 @@ mod verdict;
 
 pub use backend::InboxBackend;
 pub use batch::{
-    BatchOutcome, BatchParameter, OwnedBatch, batch_keys, batch_messages, owned_batch, run_batch,
-    run_lending_batch, run_owned_batch,
+    BatchClosed, BatchOutcome, BatchParameter, BatchStopped, InBatch, OwnedBatch, batch_keys,
+    batch_messages, begin_batch, owned_batch,
 };
 pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
-pub use claims::{Claim, ClaimPolicy, run_claimed};
+#[doc(hidden)]
+pub use claims::protocol::{Claimed, NotClaimed, Settled, claim_delivery};
+pub use claims::{Claim, ClaimPolicy};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;
 pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey, KeyCollision};
@@ -75,6 +78,8 @@ pub use handler::{
 #[cfg(any(feature = "pruner", feature = "relay"))]
 pub use background::ConnectionSource;
 #[doc(hidden)]
+pub use body_scope::InBody;
+#[doc(hidden)]
 pub use inventory;
 pub use key::{InboxKey, InvalidKey, MissingKey, encode_key};
 pub use migrate::{migrate, upgrade_unique_index};
@@ -86,7 +91,10 @@ pub use registry::{SharedConsumers, check_consumers};
 pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
-pub use transaction::run;
+#[doc(hidden)]
+pub use step::Step;
+#[doc(hidden)]
+pub use transaction::{Closed, InTransaction, Stopped, begin_transaction};
 pub use verdict::{
     Classified, Classify, DatabaseClassOf, HandlerErrorType, OpaqueError, ReadsErrorChain,
     class_of, find_database_error, retry_after_of,

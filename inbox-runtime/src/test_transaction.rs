@@ -36,7 +36,7 @@ const ROLL_BACK_TO_SAVEPOINT: &str = concat!(
     savepoint!()
 );
 
-/// Begins the call as [`crate::run`] does, on a savepoint of the test transaction with
+/// Begins the call as [`crate::begin_transaction`] does, on a savepoint of the test transaction with
 /// the marker in it; [`release`] or [`roll_back`] ends it.
 pub(crate) async fn open<C>(conn: &mut C, marker: &Marker) -> Result<(), Stop<Infallible>>
 where

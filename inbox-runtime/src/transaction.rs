@@ -1,16 +1,17 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
 use std::convert::Infallible;
-use std::pin::Pin;
+use std::mem;
 use std::time::Instant;
 
+use diesel::result::Error;
 use diesel_async::AsyncConnection;
 use tracing::Instrument as _;
 
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::begin::Begin;
-use crate::body_scope::{InBody, Scope};
+use crate::body_scope::{DropScope, InBody, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
@@ -19,76 +20,149 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
+use crate::step::Step;
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
-/// Runs `body` exactly once per (`message_id`, `consumer`), in one transaction with the
-/// marker row. This is what `#[idempotent]` expands to.
+/// Begins a delivery that runs its body exactly once per (`message_id`, `consumer`), in
+/// one transaction with the marker row. The `#[idempotent]` expansion awaits this, then
+/// its body in [`InTransaction::body`], then [`InTransaction::close`].
 ///
 /// 1. Refuses a connection that is already inside a transaction or whose transaction
 ///    state is unknown: committing there would not be a real commit, so
 ///    [`Outcome::Processed`] would be a lie. Inside a test transaction
 ///    (`begin_test_transaction`) and nothing else, the call runs on a savepoint instead
 ///    of a transaction of its own.
-/// 2. When `fast_path` says to read first, a committed marker returns
+/// 2. When `fast_path` says to read first, a committed marker stops the delivery as
 ///    [`Outcome::Duplicate`] without a transaction.
-/// 3. In one transaction (begun as `begin` says): inserts the marker (waiting for any transaction that holds the
-///    same key), runs `body` on the transaction's connection, and commits once it has
-///    checked that the database did not roll the transaction back underneath `body`. A
-///    marker already there rolls back and returns [`Outcome::Duplicate`]; `Err` from
-///    `body` rolls back everything and is returned.
+/// 3. Begins the transaction (as `begin` says) with the marker inserted, waiting for any
+///    transaction that holds the same key. A marker already there rolls back and stops
+///    the delivery as [`Outcome::Duplicate`].
 /// 4. With a `fingerprint`, it is stored with the marker, and a duplicate whose stored
 ///    fingerprint differs is an error ([`FingerprintMismatch`]) instead.
 ///
 /// [`FingerprintMismatch`]: crate::FingerprintMismatch
 ///
-/// The returned future is `Send` exactly when `body`'s is, so a handler can be spawned
-/// whenever its body could.
-///
-/// Database errors reach the caller through `error_type.from_diesel`, which the macro
-/// spells as the handler's `From<diesel::result::Error>` conversion so that a missing impl
-/// is reported at the handler's signature. A handler error that holds a database error
-/// (the body's own constraint violation) marks the span's `error.type` with its class.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the expansion's entry point: one argument for each thing the attribute decides"
-)]
-pub async fn run<C, T, E, F>(
-    conn: &mut C,
+/// The steps before and after the body are generic over the connection alone and boxed,
+/// so that they are compiled once per connection type, not once per handler; they are
+/// `Send`, so the handler's future is `Send` exactly when its body's is.
+pub fn begin_transaction<'c, C>(
+    conn: &'c mut C,
     begin: Begin<C>,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,
     fingerprint: Option<Fingerprint>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> Result<Outcome<T>, E>
+) -> Step<'c, Result<InTransaction<C>, Stopped>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    // Only what depends on the body's types is written here, compiled once per handler,
-    // and kept to the awaits: the steps around the body are generic over the connection
-    // alone, compiled once per connection type and boxed, so that the handler's future
-    // holds a pointer to them, not their states; the reports are not generic at all.
     let delivery = Delivery::start(handler, message_id.as_deref().ok(), fast_path);
-    let opened = open(
-        conn,
-        begin,
-        handler,
-        message_id,
-        delivery.read_first,
-        fingerprint,
-        &delivery.span,
-    );
-    let (enclosing, scope) = match opened.await {
-        Ok(opened) => opened,
-        Err(stop) => return delivery.finish(Err(stop.widen()), &error_type),
-    };
-    let result = InBody::new(body(&mut *conn), scope, &delivery.span).await;
-    let closed = call::close(conn, enclosing, result.is_ok(), &delivery.span).await;
-    delivery.finish(call::after_close(result, closed), &error_type)
+    Box::pin(async move {
+        let opened = open(
+            conn,
+            begin,
+            handler,
+            message_id,
+            delivery.read_first,
+            fingerprint,
+            &delivery.span,
+        );
+        match opened.await {
+            Ok((enclosing, scope)) => Ok(InTransaction {
+                scope: DropScope::new(scope, &delivery.span),
+                delivery,
+                enclosing,
+                close: close::<C>,
+            }),
+            Err(stop) => Err(Stopped { delivery, stop }),
+        }
+    })
+}
+
+/// A delivery whose transaction holds its marker: what the handler's future holds while
+/// its body runs.
+pub struct InTransaction<C: ?Sized> {
+    delivery: Delivery,
+    enclosing: Enclosing,
+    scope: DropScope,
+    /// The close step for `C`, chosen where `C`'s bounds were checked: a connection of
+    /// a type the inbox cannot use is then reported once, at [`begin_transaction`].
+    close: for<'c> fn(&'c mut C, Closing) -> Step<'c, Closed>,
+}
+
+impl<C: ?Sized> InTransaction<C> {
+    /// The body's future, run in the delivery's span and scope.
+    #[inline(always)]
+    pub fn body<F>(&mut self, body: F) -> InBody<F> {
+        InBody::new(body, mem::take(&mut self.scope))
+    }
+
+    /// Commits the transaction when the body `succeeded`, rolls it back otherwise.
+    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, Closed> {
+        let closing = Closing {
+            delivery: self.delivery,
+            enclosing: self.enclosing,
+            succeeded,
+        };
+        (self.close)(conn, closing)
+    }
+}
+
+/// What the close step needs.
+struct Closing {
+    delivery: Delivery,
+    enclosing: Enclosing,
+    succeeded: bool,
+}
+
+fn close<C>(conn: &mut C, closing: Closing) -> Step<'_, Closed>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let Closing {
+        delivery,
+        enclosing,
+        succeeded,
+    } = closing;
+    Box::pin(async move {
+        let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;
+        Closed { delivery, closed }
+    })
+}
+
+/// A delivery whose transaction has ended.
+pub struct Closed {
+    delivery: Delivery,
+    closed: Result<(), Error>,
+}
+
+impl Closed {
+    /// The handler's result: the body's, unless the transaction failed to end, whose
+    /// error then replaces it.
+    pub fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<Outcome<T>, E> {
+        let stopped = call::after_close(result, self.closed);
+        self.delivery.finish(stopped, error_type)
+    }
+}
+
+/// A delivery that ended before its body: a duplicate, or a database error.
+pub struct Stopped {
+    delivery: Delivery,
+    stop: Stop<Infallible>,
+}
+
+impl Stopped {
+    /// The handler's result.
+    pub fn finish<T, E>(self, error_type: &HandlerErrorType<E>) -> Result<Outcome<T>, E> {
+        self.delivery.finish(Err(self.stop.widen()), error_type)
+    }
 }
 
 /// One delivery's report: its span, its start, and whether it read first.
@@ -187,7 +261,7 @@ pub(crate) fn open<'c, C>(
     read_first: bool,
     fingerprint: Option<Fingerprint>,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Opened> + 'c>>
+) -> impl Future<Output = Opened> + Send + 'c
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -205,7 +279,7 @@ where
         .await;
         call::explained(conn, opened, &explained_in).await
     };
-    Box::pin(opened.instrument(span.clone()))
+    opened.instrument(span.clone())
 }
 
 async fn open_unboxed<C>(

@@ -1,8 +1,7 @@
 //! A batch body may return borrows of its messages, as a plain `async fn` taking
 //! `msgs: &'a [Msg]` may: when the return type names the batch's lifetime, the body's
-//! messages are borrowed for that lifetime. (Such a future cannot be `tokio::spawn`ed:
-//! rustc does not prove it `Send` for every lifetime, "implementation of `AsyncFnOnce`
-//! is not general enough".)
+//! messages are borrowed for that lifetime. Over a `'static` batch such a handler's
+//! future can be spawned, as the plain function's can.
 #![deny(warnings)]
 
 use diesel::result::Error;
@@ -67,11 +66,20 @@ async fn deliver(conn: &mut AsyncPgConnection, batch: &[Msg]) -> Result<usize, E
     Ok(outcome.value().map_or(0, Vec::len))
 }
 
+/// Spawned over a batch that lives as long as the program.
+fn spawned(mut conn: AsyncPgConnection, batch: &'static [Msg]) {
+    tokio::spawn(async move {
+        let outcome = names(&mut conn, batch).await?;
+        Ok::<_, Error>(outcome.into_value().unwrap_or_default())
+    });
+}
+
 fn main() {
     let _ = (
         first::<AsyncPgConnection>,
         longest,
         Directory::prefixed,
         deliver,
+        spawned,
     );
 }

@@ -1,41 +1,56 @@
 //! Writing the batch form: the keys of all messages, checked before the transaction,
-//! then `run_batch` in place of `run` (`run_owned_batch` for a batch the body owns,
-//! `run_lending_batch` for one its value borrows from).
+//! then `begin_batch` in place of `begin_transaction`, and the new messages picked for
+//! the body: borrows of a borrowed batch's messages, or an owned batch's own.
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Path, ReturnType, Token};
 
-use super::{Hidden, Renamed};
+use super::{Hidden, Renamed, connection_argument};
 use crate::diagnostics::at;
 use crate::validate::batch::{Batch, Form};
 
-/// The closure's parameter after the connection: the new messages, under the batch
-/// parameter's name, `mut` if the handler's parameter was.
-pub(crate) fn closure_parameter(
+/// The body's binding of the new messages, under the batch parameter's name, `mut` if
+/// the handler's parameter was.
+pub(crate) fn body_binding(
     batch: Option<&Batch>,
     mutability: Option<Token![mut]>,
+    new_messages: &Ident,
 ) -> Option<TokenStream> {
     batch.map(|batch| {
         let messages = &batch.messages;
-        quote!(, #mutability #messages)
+        quote!(let #mutability #messages = #new_messages;)
     })
 }
 
-/// The handler's statements from the keys on: the keys of all messages, checked before
-/// the transaction, then the call of the runner of the batch's form, which returns the
-/// handler's result.
-/// `connection` is the runner's first two arguments: the borrow and how to begin.
-pub(crate) fn expand_run(
+/// What the batch form writes around the body.
+pub(crate) struct Begin {
+    /// The handler's statements before the transaction: the keys of all messages,
+    /// checked there.
+    pub(crate) prepare: TokenStream,
+    /// The call of the step that begins the batch's transaction.
+    pub(crate) call: TokenStream,
+    /// The statement that binds the new messages, before the body.
+    pub(crate) select: TokenStream,
+}
+
+/// The batch form's statements: the keys, the call that begins the transaction with
+/// `connection` as `begin` says, and the new messages picked for the body.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the names the handler's other statements share with these"
+)]
+pub(crate) fn begin(
     batch: &Batch,
     krate: &Path,
     renamed: &Renamed,
-    connection: &TokenStream,
+    connection: &Ident,
+    begin: &Ident,
     registration: &Ident,
-    error_type: &TokenStream,
-    closure: &TokenStream,
-) -> TokenStream {
+    new_messages: &Ident,
+    steps: &Ident,
+) -> Begin {
     let Batch {
         messages,
         key,
@@ -70,31 +85,27 @@ pub(crate) fn expand_run(
     let (keys, key_of) = keys(krate, &borrowed, key, capture.as_ref());
     let keys = renamed.reach(keys);
     let conn = &renamed.connection.visible;
-    let runner = match form {
-        Form::Lent => "run_batch",
-        Form::Owned => "run_owned_batch",
-        Form::Lending => "run_lending_batch",
-    };
-    let runner = Ident::new(runner, conn.span());
-    let run = {
+    let call = {
+        let connection = connection_argument(krate, conn, connection);
         let krate = at(krate, conn.span());
         quote_spanned!(conn.span()=>
-            #krate::__private::#runner(
+            #krate::__private::begin_batch(
                 #connection,
+                #begin,
                 &#registration,
-                #slice,
+                #slice.len(),
                 #message_ids,
-                #error_type,
-                #closure,
             )
-            .await
         )
     };
-    quote! {
-        #key_of
-        let #slice = #messages_slice;
-        let #message_ids = #keys;
-        #run
+    Begin {
+        prepare: quote! {
+            #key_of
+            let #slice = #messages_slice;
+            let #message_ids = #keys;
+        },
+        call,
+        select: quote!(let #new_messages = #steps.select(#slice);),
     }
 }
 
@@ -120,7 +131,7 @@ fn keys(
             let body = &closure.body;
             let krate = at(krate, body.span());
             let keys = quote_spanned!(body.span()=>
-                #krate::__private::batch_keys(#slice, #capture |#input| {
+                #krate::__private::batch_keys(#slice, &mut #capture |#input| {
                     #krate::InboxKey::encode(&(#body))
                 })
             );
@@ -134,7 +145,7 @@ fn keys(
             let key_of = format_ident!("__inbox_key_of", span = Span::mixed_site());
             let krate = at(krate, key.span());
             let keys = quote_spanned!(key.span()=>
-                #krate::__private::batch_keys(#slice, #capture |#message| {
+                #krate::__private::batch_keys(#slice, &mut #capture |#message| {
                     #krate::InboxKey::encode(&#key_of(#message, #key))
                 })
             );

@@ -1,6 +1,6 @@
-//! Writing the handler: the body moves into an async closure that
-//! `diesel_inbox::__private::run` calls inside the transaction, while the parameters
-//! stay the handler's.
+//! Writing the handler: the body moves into an async block of the handler's own, which
+//! the handler awaits between the runtime's steps that begin and end the delivery,
+//! while the parameters stay the handler's.
 
 use std::collections::HashSet;
 
@@ -15,6 +15,7 @@ use syn::{
 };
 
 use crate::diagnostics::{REWRITTEN_MARK, at, ungroup};
+use crate::item::verbatim_block;
 use crate::validate::{ClaimSettings, Handler};
 
 mod batch;
@@ -42,26 +43,29 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let conn_mut = take_mut(&mut function.sig, &conn);
     let messages_mut = messages.and_then(|messages| take_mut(&mut function.sig, messages));
     let body = &function.block;
-    // `Result<T, E>` whatever the handler's spelling: `run` requires a `Result`, and an
-    // alias that is none is then reported once, at the return type.
-    let closure_result =
-        closure_result(&parse_quote_spanned!(result_span=> ::core::result::Result<#ok, #err>));
-    let fake_return = fake_return(&at(&krate, result_span), &closure_result);
-    // Not `move`: the parameters stay in the handler's frame, so the body's writes land
-    // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
-    // plain `async fn` (coroutines drop what they own when they complete, which for the
-    // body would be before COMMIT). The closure's parameter reuses the connection's name,
-    // so the body can only reach the transaction's connection.
+    // `Result<T, E>` whatever the handler's spelling: the close step requires a `Result`,
+    // and an alias that is none is then reported once, at the return type.
+    let body_result =
+        body_result(&parse_quote_spanned!(result_span=> ::core::result::Result<#ok, #err>));
+    let fake_return = fake_return(&at(&krate, result_span), &body_result);
     // A claim-mode body runs outside the transaction it is named for, and most make
     // their external call without touching the connection.
     // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
     // reject.
     let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
-    let messages = batch::closure_parameter(batch.as_ref(), messages_mut);
+    let connection_value = format_ident!("__inbox_connection", span = Span::mixed_site());
+    let new_messages = format_ident!("__inbox_new_messages", span = Span::mixed_site());
+    let messages = batch::body_binding(batch.as_ref(), messages_mut, &new_messages);
+    // Not `move`: the parameters stay in the handler's frame, so the body's writes land
+    // in them and they drop when the handler returns, after COMMIT or ROLLBACK, as in a
+    // plain `async fn`. The body's connection binding reuses the parameter's name, so the
+    // body can only reach the transaction's connection.
     // Spanned at the declared return type: rustc's "this function returns a `Result`",
     // beside an error in the body such as `?` on an `Option`, then points there.
-    let closure = quote_spanned!(result_span=>
-        async |#conn_mut #conn #messages| -> #closure_result {
+    let body_future = quote_spanned!(result_span=>
+        async {
+            let #conn_mut #conn = &mut *#connection_value;
+            #messages
             #fake_return #unused_connection #(#borrows)* #body
         }
     );
@@ -147,49 +151,75 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         renamed.reach(mode),
         renamed.reach(fingerprint),
     );
-    let run = if let Some(batch) = &batch {
+    let steps = format_ident!("__inbox_steps", span = Span::mixed_site());
+    let error_type_value = format_ident!("__inbox_error_type", span = Span::mixed_site());
+    let (prepare, begin_call, select) = if let Some(batch) = &batch {
         Hidden::of(&batch.messages).rename_in(&mut function.sig);
-        batch::expand_run(
+        let batch::Begin {
+            prepare,
+            call,
+            select,
+        } = batch::begin(
             batch,
             &krate,
             &renamed,
-            &quote!(#borrow, #begin_value),
+            &connection_value,
+            &begin_value,
             &registration,
-            &error_type,
-            &closure,
-        )
+            &new_messages,
+            &steps,
+        );
+        (prepare, call, Some(select))
     } else {
-        let run = {
-            let krate = at(&krate, conn.span());
-            let run = if claim_mode {
-                quote_spanned!(conn.span()=> #krate::__private::run_claimed)
-            } else {
-                quote_spanned!(conn.span()=> #krate::__private::run)
-            };
-            let begin = begin.is_some().then_some(&begin_value).into_iter();
-            let call = quote_spanned!(conn.span()=>
-                #run(
-                    #borrow,
-                    #(#begin,)*
+        let prepare = quote! {
+            let #message_id = #encode;
+            let #mode_value = #mode;
+            let #fingerprint_value = #fingerprint;
+        };
+        let connection = connection_argument(&krate, &conn, &connection_value);
+        let krate = at(&krate, conn.span());
+        let call = if claim_mode {
+            quote_spanned!(conn.span()=>
+                #krate::__private::claim_delivery(
+                    #connection,
                     &#registration,
                     #message_id,
                     #mode_value,
                     #fingerprint_value,
-                    #error_type,
-                    #closure,
                 )
-            );
-            quote_spanned!(conn.span()=> #call.await)
+            )
+        } else {
+            quote_spanned!(conn.span()=>
+                #krate::__private::begin_transaction(
+                    #connection,
+                    #begin_value,
+                    &#registration,
+                    #message_id,
+                    #mode_value,
+                    #fingerprint_value,
+                )
+            )
         };
-        quote! {
-            let #message_id = #encode;
-            let #mode_value = #mode;
-            let #fingerprint_value = #fingerprint;
-            #run
-        }
+        (prepare, call, None)
+    };
+    let result_value = format_ident!("__inbox_result", span = Span::mixed_site());
+    let run = quote! {
+        let #error_type_value = #error_type;
+        #prepare
+        let #connection_value = #borrow;
+        let mut #steps = match #begin_call.await {
+            ::core::result::Result::Ok(steps) => steps,
+            ::core::result::Result::Err(stopped) => return stopped.finish(&#error_type_value),
+        };
+        #select
+        let #result_value = #steps.body(#body_future).await;
+        #steps
+            .close(#connection_value, #result_value.is_ok())
+            .await
+            .finish(#result_value, &#error_type_value)
     };
     let braces = function.block.brace_token.span.join();
-    function.block = parse_quote!({
+    let statements = quote! {
         #claim
         #not_in_trait_default
         // `run` reads the consumer through this static's address: calling the handler
@@ -200,13 +230,14 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         #krate::__private::register_handler!(#registration);
         #begin
         #run
-    });
+    };
     // The body's braces stand where the user's do, so that a suggestion that wraps the
     // body (`async_fn_in_trait`'s `async { … }`) wraps the user's. Their syntax context
     // stays the expansion's: a function from the user's tokens to the user's would pass
     // with clippy for hand-written code, linted at the attribute (pedantic
     // `missing_errors_doc`), where it leaves a macro's output alone.
-    function.block.brace_token = Brace(Span::call_site().located_at(braces));
+    let braces = Brace(Span::call_site().located_at(braces));
+    *function.block = verbatim_block(braces, statements);
     let outcome = match batch {
         None => quote!(#krate::Outcome<#ok>),
         Some(_) => quote!(#krate::BatchOutcome<#ok>),
@@ -215,9 +246,9 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     quote!(#function)
 }
 
-/// A parameter the body sees under its own name through a binding of the closure's
+/// A parameter the body sees under its own name through a binding of the body's block
 /// (the connection, the batch, a `&mut` borrow moved in): in the signature it is
-/// renamed apart, with the expansion's hygiene, at its own place. The closure's binding
+/// renamed apart, with the expansion's hygiene, at its own place. The block's binding
 /// then shadows none of the user's, which `clippy::shadow_unrelated` would report, and
 /// rustdoc still shows the name as written.
 pub(crate) struct Hidden {
@@ -252,8 +283,8 @@ impl Hidden {
 
     /// `expression`, evaluated where the signature's binding is visible under its name
     /// as written, if it mentions that name: `key`, `fast_path` and `fingerprint` may
-    /// use the connection. In a block of its own, so that the closure's parameter does
-    /// not shadow the binding. The binding is a `&mut` borrow, reborrowed here.
+    /// use the connection. In a block of its own, so that the binding it makes does not
+    /// shadow the signature's. The binding is a `&mut` borrow, reborrowed here.
     fn reach(&self, expression: TokenStream) -> TokenStream {
         if !mentioned_names(expression.clone()).contains(&self.visible.to_string()) {
             return expression;
@@ -285,6 +316,17 @@ impl Renamed {
                 parameter.reach(expression)
             })
     }
+}
+
+/// The connection as the first argument of a step that puts bounds on it: a reborrow of
+/// the expansion's binding, spanned at the parameter. rustc reports an unmet bound at the
+/// argument it blames, and at the attribute instead when the argument's tokens are not
+/// all in the call's hygiene, as a bare binding of the expansion's is not.
+pub(crate) fn connection_argument(krate: &syn::Path, conn: &Ident, binding: &Ident) -> TokenStream {
+    let krate = at(krate, conn.span());
+    quote_spanned!(conn.span()=>
+        #krate::__private::ConnectionParameter::borrow(&mut *#binding)
+    )
 }
 
 /// `-> (Result<Outcome<T>, E>)`: the parentheses at the expansion's place, the type
@@ -406,8 +448,8 @@ fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// Moves a `mut` from the connection or batch parameter to the closure's parameter of
-/// that name, which is the binding the body reassigns or mutates; left on the handler's
+/// Moves a `mut` from the connection or batch parameter to the body's binding of that
+/// name, which is the binding the body reassigns or mutates; left on the handler's
 /// parameter, it would be unused there and rustc would suggest `mut mut conn`.
 fn take_mut(sig: &mut Signature, parameter: &Ident) -> Option<Token![mut]> {
     sig.inputs.iter_mut().find_map(|input| match input {
@@ -419,10 +461,10 @@ fn take_mut(sig: &mut Signature, parameter: &Ident) -> Option<Token![mut]> {
     })
 }
 
-/// The `Result<T, E>` the closure declares: each `impl Trait` in it becomes `_`, which a
-/// closure may leave to inference (an `impl Trait` there is an error about closures the
-/// user never wrote), while the handler's signature keeps the opaque type.
-fn closure_result(result: &Type) -> Type {
+/// The `Result<T, E>` the body's future returns: each `impl Trait` in it becomes `_`,
+/// which the body's future may leave to inference (an `impl Trait` there is an error
+/// about code the user never wrote), while the handler's signature keeps the opaque type.
+fn body_result(result: &Type) -> Type {
     struct Infer;
     impl VisitMut for Infer {
         fn visit_type_mut(&mut self, ty: &mut Type) {
@@ -441,8 +483,7 @@ fn closure_result(result: &Type) -> Type {
 }
 
 /// A return of the declared type ahead of the body, never taken: tracing-attributes'
-/// "fake return edge". An async closure's declared return type does not reach the
-/// expressions of its body, so without it `Ok(Box::new(id))` for a
+/// "fake return edge". An async block has no declared return type, so without it `Ok(Box::new(id))` for a
 /// `Result<Box<dyn Display>, E>` is not coerced and fails as "mismatched types"; with
 /// it the body is checked against the declared type, as a plain `async fn`'s body is,
 /// and a wrong type is reported at the user's expression. Unlike tracing's
@@ -513,8 +554,8 @@ fn encode_consumer(consumer: &str) -> String {
 }
 
 /// Makes the body borrow each parameter it mentions, whole and mutably, instead of
-/// letting the closure pick what to capture: edition 2021 closures capture disjoint
-/// fields, so `d.acked = true` would assign a field of a copy, and a parameter only read
+/// letting the body's async block pick what to capture: since edition 2021 it captures
+/// disjoint fields, so `d.acked = true` would assign a field of a copy, and a parameter only read
 /// would be captured by shared reference, making the handler's future require `Sync`
 /// where a plain `async fn` needs only `Send`. Parameters the body does not mention
 /// are not captured, so they keep their "unused variable" warnings.
@@ -551,7 +592,7 @@ fn borrow_parameters(
                 });
             }
             FnArg::Typed(typed) => {
-                // The closure's own parameters, shadowing these.
+                // The body's own bindings of these, shadowing them.
                 if matches!(typed.pat.as_ref(), Pat::Ident(pat)
                     if pat.ident == *conn || messages == Some(&pat.ident))
                 {
@@ -746,7 +787,7 @@ mod tests {
             .count();
         assert_eq!(unrouted, 0, "{expanded}");
         assert!(
-            expanded.contains(":: inbox :: __private :: run"),
+            expanded.contains(":: inbox :: __private :: begin_transaction"),
             "{expanded}"
         );
     }

@@ -1,6 +1,6 @@
 //! What each database needs done differently, one folder per database.
 //!
-//! The modes (the transaction in [`run`](crate::run), batches, claims) are the same
+//! The modes (the transaction of [`begin_transaction`](crate::begin_transaction), batches, claims) are the same
 //! everywhere and speak to a database only through the sealed trait below and
 //! [`claim_statements::ClaimStatements`]. Each of `postgres/`, `mysql/` and `sqlite/`
 //! holds all that its database needs:

@@ -23,7 +23,7 @@ use crate::backend::claim_statements::{ClaimKey, ClaimStatements as _, NewClaim}
 pub use crate::body_scope::Claim;
 pub use crate::error::ClaimError;
 pub use operator::{StaleClaim, complete_by_hand, list_stale, release_by_hand};
-pub use protocol::{ClaimPolicy, DEFAULT_LEASE, run_claimed};
+pub use protocol::{ClaimPolicy, DEFAULT_LEASE};
 
 impl Claim {
     /// Extends the claim: its lease ends the handler's `lease` from now, on the

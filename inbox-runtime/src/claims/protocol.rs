@@ -1,7 +1,7 @@
 //! The claim, the body and the completion, as `#[idempotent(…, claim)]` runs them.
 
 use std::convert::Infallible;
-use std::pin::Pin;
+use std::mem;
 use std::time::{Duration, Instant};
 
 use diesel::result::Error;
@@ -12,7 +12,7 @@ use super::{Claim, micros};
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
 use crate::backend::sealed::Sealed as _;
-use crate::body_scope::{InBody, Scope};
+use crate::body_scope::{DropScope, InBody, Scope};
 use crate::classify::classify;
 use crate::enclosing::enclosing_transaction;
 use crate::error::{ClaimError, InboxError};
@@ -21,6 +21,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
+use crate::step::Step;
 use crate::verdict::HandlerErrorType;
 
 /// How long a claim is held when the handler sets no `lease`: five minutes.
@@ -87,61 +88,143 @@ pub(crate) struct Held {
     key: ClaimKey,
 }
 
-/// Runs `body` under a claim on (`message_id`, `consumer`): at most one delivery at a
-/// time, until one completes it. This is what `#[idempotent(…, claim)]` expands to;
+/// Begins a delivery that runs its body under a claim on (`message_id`, `consumer`): at
+/// most one delivery at a time, until one completes it. The `#[idempotent(…, claim)]`
+/// expansion awaits this, then its body in [`Claimed::body`], then [`Claimed::close`];
 /// [the module's documentation](crate::claims) describes the protocol.
 ///
-/// The returned future is `Send` exactly when `body`'s is.
-pub async fn run_claimed<C, T, E, F>(
-    conn: &mut C,
+/// As in the transactional mode, the steps are boxed and `Send`, so that the handler's
+/// future is `Send` exactly when its body's is.
+pub fn claim_delivery<'c, C>(
+    conn: &'c mut C,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     policy: ClaimPolicy,
     fingerprint: Option<Fingerprint>,
-    error_type: HandlerErrorType<E>,
-    body: F,
-) -> Result<Outcome<T>, E>
+) -> Step<'c, Result<Claimed<C>, NotClaimed>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
-    F: for<'r> AsyncFnOnce(&'r mut C) -> Result<T, E>,
 {
-    // As in the transactional mode: only the awaits are written here, compiled once per
-    // handler; claiming and settling are generic over the connection alone, and boxed,
-    // and the reports are not generic at all.
     let delivery = ClaimDelivery::start(handler, message_id.as_deref().ok());
-    let consumer = handler.registration.consumer;
-    let claimed = claim(
-        conn,
-        consumer,
-        message_id,
-        policy,
-        fingerprint,
-        &delivery.span,
-    );
-    let held = match claimed.await {
-        Ok(held) => held,
-        Err(not_run) => {
-            return match delivery.not_run(not_run) {
-                Ok(outcome) => Ok(outcome.map(|never| match never {})),
-                Err(error) => Err((error_type.from_diesel)(error)),
-            };
+    Box::pin(async move {
+        let consumer = handler.registration.consumer;
+        let claimed = claim(
+            conn,
+            consumer,
+            message_id,
+            policy,
+            fingerprint,
+            &delivery.span,
+        );
+        match claimed.await {
+            Ok(held) => Ok(Claimed {
+                scope: DropScope::new(Scope::claimed(held.claim.clone()), &delivery.span),
+                delivery,
+                held,
+                settle: settle_step::<C>,
+            }),
+            Err(not_run) => Err(NotClaimed { delivery, not_run }),
         }
-    };
-    let scope = Scope::claimed(held.claim.clone());
-    let ran = InBody::new(body(&mut *conn), scope, &delivery.span).await;
-    let settled = settle(conn, held, ran.is_ok(), &delivery.span).await;
-    match (ran, settled) {
-        (Ok(value), Ok(())) => {
-            delivery.finish("processed");
-            Ok(Outcome::Processed(value))
+    })
+}
+
+/// A delivery that holds its claim: what the handler's future holds while its body runs.
+pub struct Claimed<C: ?Sized> {
+    delivery: ClaimDelivery,
+    held: Held,
+    scope: DropScope,
+    /// The settle step for `C`, chosen where `C`'s bounds were checked: a connection of a
+    /// type the inbox cannot use is then reported once, at [`claim_delivery`].
+    settle: for<'c> fn(&'c mut C, Settling) -> Step<'c, Settled>,
+}
+
+impl<C: ?Sized> Claimed<C> {
+    /// The body's future, run in the delivery's span and under its claim.
+    #[inline(always)]
+    pub fn body<F>(&mut self, body: F) -> InBody<F> {
+        InBody::new(body, mem::take(&mut self.scope))
+    }
+
+    /// Completes the claim when the body `succeeded`, releases it otherwise so that the
+    /// next delivery runs at once.
+    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, Settled> {
+        let settling = Settling {
+            delivery: self.delivery,
+            held: self.held,
+            succeeded,
+        };
+        (self.settle)(conn, settling)
+    }
+}
+
+/// What the settle step needs.
+struct Settling {
+    delivery: ClaimDelivery,
+    held: Held,
+    succeeded: bool,
+}
+
+fn settle_step<C>(conn: &mut C, settling: Settling) -> Step<'_, Settled>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let Settling {
+        delivery,
+        held,
+        succeeded,
+    } = settling;
+    Box::pin(async move {
+        let settled = settle(conn, held, succeeded, &delivery.span).await;
+        Settled { delivery, settled }
+    })
+}
+
+/// A claim-mode delivery whose claim is settled, or failed to settle.
+pub struct Settled {
+    delivery: ClaimDelivery,
+    settled: Result<(), Error>,
+}
+
+impl Settled {
+    /// The handler's result: the body's, unless the claim failed to settle, whose error
+    /// then replaces it.
+    pub fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<Outcome<T>, E> {
+        let Self { delivery, settled } = self;
+        match (result, settled) {
+            (Ok(value), Ok(())) => {
+                delivery.finish("processed");
+                Ok(Outcome::Processed(value))
+            }
+            (Err(error), Ok(())) => {
+                report::handler_error(&delivery.span, (error_type.database_class)(&error));
+                delivery.finish("handler_error");
+                Err(error)
+            }
+            (_, Err(error)) => Err((error_type.from_diesel)(delivery.not_completed(error))),
         }
-        (Err(error), Ok(())) => {
-            report::handler_error(&delivery.span, (error_type.database_class)(&error));
-            delivery.finish("handler_error");
-            Err(error)
+    }
+}
+
+/// A claim-mode delivery whose body does not run: a duplicate, in progress elsewhere,
+/// or a database error.
+pub struct NotClaimed {
+    delivery: ClaimDelivery,
+    not_run: NotRun,
+}
+
+impl NotClaimed {
+    /// The handler's result.
+    pub fn finish<T, E>(self, error_type: &HandlerErrorType<E>) -> Result<Outcome<T>, E> {
+        match self.delivery.not_run(self.not_run) {
+            Ok(outcome) => Ok(outcome.map(|never| match never {})),
+            Err(error) => Err((error_type.from_diesel)(error)),
         }
-        (_, Err(error)) => Err((error_type.from_diesel)(delivery.not_completed(error))),
     }
 }
 
@@ -221,13 +304,13 @@ pub(crate) fn claim<'c, C>(
     policy: ClaimPolicy,
     fingerprint: Option<Fingerprint>,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Result<Held, NotRun>> + 'c>>
+) -> impl Future<Output = Result<Held, NotRun>> + Send + 'c
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
     let claimed = claim_unboxed(conn, consumer, message_id, policy, fingerprint);
-    Box::pin(claimed.instrument(span.clone()))
+    claimed.instrument(span.clone())
 }
 
 async fn claim_unboxed<C>(
@@ -272,12 +355,12 @@ pub(crate) fn settle<'c, C>(
     held: Held,
     succeeded: bool,
     span: &tracing::Span,
-) -> Pin<Box<impl Future<Output = Result<(), Error>> + 'c>>
+) -> impl Future<Output = Result<(), Error>> + Send + 'c
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    Box::pin(settle_unboxed(conn, held, succeeded).instrument(span.clone()))
+    settle_unboxed(conn, held, succeeded).instrument(span.clone())
 }
 
 async fn settle_unboxed<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
