@@ -278,10 +278,10 @@ where
     C::Backend: InboxBackend,
 {
     if len == 0 {
-        return Box::pin(std::future::ready(Err(BatchStopped { delivery: None })));
+        return Step::new(std::future::ready(Err(BatchStopped { delivery: None })));
     }
     let delivery = BatchDelivery::start(handler.registration, len);
-    Box::pin(async move {
+    Step::new(async move {
         let opened = open(
             conn,
             begin,
@@ -373,7 +373,7 @@ where
         outcomes,
         succeeded,
     } = closing;
-    Box::pin(async move {
+    Step::new(async move {
         let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;
         BatchClosed {
             delivery,

@@ -59,7 +59,7 @@ where
     C::Backend: InboxBackend,
 {
     let delivery = Delivery::start(handler, message_id.as_deref().ok(), fast_path);
-    Box::pin(async move {
+    Step::new(async move {
         let opened = open(
             conn,
             begin,
@@ -127,7 +127,7 @@ where
         enclosing,
         succeeded,
     } = closing;
-    Box::pin(async move {
+    Step::new(async move {
         let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;
         Closed { delivery, closed }
     })

@@ -107,7 +107,7 @@ where
     C::Backend: InboxBackend,
 {
     let delivery = ClaimDelivery::start(handler, message_id.as_deref().ok());
-    Box::pin(async move {
+    Step::new(async move {
         let consumer = handler.registration.consumer;
         let claimed = claim(
             conn,
@@ -175,7 +175,7 @@ where
         held,
         succeeded,
     } = settling;
-    Box::pin(async move {
+    Step::new(async move {
         let settled = settle(conn, held, succeeded, &delivery.span).await;
         Settled { delivery, settled }
     })
