@@ -521,13 +521,13 @@ where
 {
     let explained_in = span.clone();
     let opened = async move {
-        let opened = open_unboxed(&mut *conn, begin, consumer, message_ids).await;
+        let opened = open_unexplained(&mut *conn, begin, consumer, message_ids).await;
         call::explained(conn, opened, &explained_in).await
     };
     opened.instrument(span.clone())
 }
 
-async fn open_unboxed<C>(
+async fn open_unexplained<C>(
     conn: &mut C,
     begin: Begin<C>,
     consumer: &'static str,

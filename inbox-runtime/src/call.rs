@@ -29,7 +29,7 @@ where
 {
     let explained_in = span.clone();
     let closed = async move {
-        match close_unboxed(&mut *conn, enclosing, succeeded).await {
+        match close_unexplained(&mut *conn, enclosing, succeeded).await {
             Ok(()) => Ok(()),
             Err(error) => Err(explain(conn, error, &explained_in).await),
         }
@@ -47,7 +47,11 @@ pub(crate) fn after_close<T, E>(
     result.map_err(Stop::Handler)
 }
 
-async fn close_unboxed<C>(conn: &mut C, enclosing: Enclosing, succeeded: bool) -> Result<(), Error>
+async fn close_unexplained<C>(
+    conn: &mut C,
+    enclosing: Enclosing,
+    succeeded: bool,
+) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,

@@ -99,7 +99,9 @@ impl<C: ?Sized> InTransaction<C> {
         InBody::new(body, mem::take(&mut self.scope))
     }
 
-    /// Commits the transaction when the body `succeeded`, rolls it back otherwise.
+    /// Commits the transaction when the body `succeeded`, once it has checked that the
+    /// database did not roll the transaction back underneath the body; rolls it back
+    /// otherwise, with everything the body wrote.
     pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, Closed> {
         let closing = Closing {
             delivery: self.delivery,
@@ -142,6 +144,12 @@ pub struct Closed {
 impl Closed {
     /// The handler's result: the body's, unless the transaction failed to end, whose
     /// error then replaces it.
+    ///
+    /// Database errors reach the caller through `error_type.from_diesel`, which the
+    /// expansion spells as the handler's `From<diesel::result::Error>` conversion, so
+    /// that a missing impl is reported at the handler's signature. A handler error that
+    /// holds a database error (the body's own constraint violation) marks the span's
+    /// `error.type` with its class.
     pub fn finish<T, E>(
         self,
         result: Result<T, E>,
@@ -268,7 +276,7 @@ where
 {
     let explained_in = span.clone();
     let opened = async move {
-        let opened = open_unboxed(
+        let opened = open_unexplained(
             &mut *conn,
             begin,
             handler,
@@ -282,7 +290,7 @@ where
     opened.instrument(span.clone())
 }
 
-async fn open_unboxed<C>(
+async fn open_unexplained<C>(
     conn: &mut C,
     begin: Begin<C>,
     handler: &'static Handler,

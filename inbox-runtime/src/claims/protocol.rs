@@ -109,15 +109,8 @@ where
     let delivery = ClaimDelivery::start(handler, message_id.as_deref().ok());
     Step::new(async move {
         let consumer = handler.registration.consumer;
-        let claimed = claim(
-            conn,
-            consumer,
-            message_id,
-            policy,
-            fingerprint,
-            &delivery.span,
-        );
-        match claimed.await {
+        let claimed = claim(conn, consumer, message_id, policy, fingerprint);
+        match claimed.instrument(delivery.span.clone()).await {
             Ok(held) => Ok(Claimed {
                 scope: DropScope::new(Scope::claimed(held.claim.clone()), &delivery.span),
                 delivery,
@@ -176,7 +169,9 @@ where
         succeeded,
     } = settling;
     Step::new(async move {
-        let settled = settle(conn, held, succeeded, &delivery.span).await;
+        let settled = settle(conn, held, succeeded)
+            .instrument(delivery.span.clone())
+            .await;
         Settled { delivery, settled }
     })
 }
@@ -297,23 +292,7 @@ fn not_completed(span: &tracing::Span, error: &Error) {
 
 /// Everything before the body: the key and lease checked, the key claimed (or a claim
 /// nobody holds taken over), and enough of the lease left for the body.
-pub(crate) fn claim<'c, C>(
-    conn: &'c mut C,
-    consumer: &'static str,
-    message_id: Result<String, InvalidKey>,
-    policy: ClaimPolicy,
-    fingerprint: Option<Fingerprint>,
-    span: &tracing::Span,
-) -> impl Future<Output = Result<Held, NotRun>> + Send + 'c
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    let claimed = claim_unboxed(conn, consumer, message_id, policy, fingerprint);
-    claimed.instrument(span.clone())
-}
-
-async fn claim_unboxed<C>(
+async fn claim<C>(
     conn: &mut C,
     consumer: &'static str,
     message_id: Result<String, InvalidKey>,
@@ -350,20 +329,7 @@ where
 /// Everything after the body: completes the claim when the body `succeeded`, releases
 /// it otherwise so that the next delivery runs at once. `Err` is a database error that
 /// replaces the body's result.
-pub(crate) fn settle<'c, C>(
-    conn: &'c mut C,
-    held: Held,
-    succeeded: bool,
-    span: &tracing::Span,
-) -> impl Future<Output = Result<(), Error>> + Send + 'c
-where
-    C: AsyncConnection,
-    C::Backend: InboxBackend,
-{
-    settle_unboxed(conn, held, succeeded).instrument(span.clone())
-}
-
-async fn settle_unboxed<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
+async fn settle<C>(conn: &mut C, held: Held, succeeded: bool) -> Result<(), Error>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
