@@ -92,7 +92,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             },
         })
     };
-    // Evaluated before the transaction, like the key, and before `run` borrows the
+    // Evaluated before the transaction, like the key, and before the steps borrow the
     // connection, so that it can use the connection too. In claim mode the same place
     // holds the claim's settings.
     let mode_value = format_ident!("__inbox_mode", span = Span::mixed_site());
@@ -137,7 +137,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         #consumer,
         ::core::concat!(::core::module_path!(), "::", #handler, #place),
     ));
-    // Spanned at the connection parameter: what `run` requires of the connection (an
+    // Spanned at the connection parameter: what the steps require of the connection (an
     // async connection, a supported backend) is reported there.
     let connection = Hidden::of(&conn);
     connection.rename_in(&mut function.sig);
@@ -222,7 +222,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let statements = quote! {
         #claim
         #not_in_trait_default
-        // `run` reads the consumer through this static's address: calling the handler
+        // The steps read the consumer through this static's address: calling the handler
         // then links the object holding its registration, even when a generic handler
         // is instantiated in another crate.
         static #registration: #krate::__private::Handler =
@@ -379,10 +379,10 @@ fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
     })
 }
 
-/// How `run` begins the transaction, picked by autoref on the connection parameter's
-/// type: a PostgreSQL connection named as such pipelines BEGIN with the marker insert.
-/// Evaluated before `run` borrows the connection, and spanned in the expansion, where
-/// no lint about the `&&&` reaches the user's code.
+/// How the first step begins the transaction, picked by autoref on the connection
+/// parameter's type: a PostgreSQL connection named as such pipelines BEGIN with the
+/// marker insert. Evaluated before the steps borrow the connection, and spanned in the
+/// expansion, where no lint about the `&&&` reaches the user's code.
 fn begin(krate: &syn::Path, connection: &Hidden, value: &Ident) -> TokenStream {
     let hidden = &connection.hidden;
     quote!(
@@ -393,7 +393,7 @@ fn begin(krate: &syn::Path, connection: &Hidden, value: &Ident) -> TokenStream {
     )
 }
 
-/// The `&mut` borrow `run` takes. A parameter not written as `&mut` is named by its type,
+/// The `&mut` borrow the steps take. A parameter not written as `&mut` is named by its type,
 /// spanned there: a connection taken by value is then reported at that type, where
 /// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
 /// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).

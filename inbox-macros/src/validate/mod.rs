@@ -249,7 +249,7 @@ pub(crate) fn validate(args: Arguments, function: &ItemFn) -> Result<Handler, Re
         connection_not_opaque(conn, function, &mut errors);
     }
 
-    // The expansion passes the connection to `run`, so a body that never names it (most
+    // The expansion passes the connection to its steps, so a body that never names it (most
     // claim bodies) is not reported for it either.
     let mut uses = uses();
     uses.extend(conn.iter().map(|conn| parse_quote!(#conn)));
