@@ -4,10 +4,12 @@
 Generates two library crates with the same N handler bodies on SQLite, one plain and
 one under the attribute, builds each against warm dependencies, and prints the median
 of a few rounds for `cargo check` and a debug build, the rlib's size and each
-handler's future size. Run from anywhere in the workspace:
+handler's future size. The two crates' builds alternate, round by round. On a shared or
+busy machine the medians still move by 5-10% from run to run: take 11 rounds or more
+before comparing two expansions. Run from anywhere in the workspace:
 
     python3 scripts/compile-cost.py            # 50 handlers, 3 rounds
-    python3 scripts/compile-cost.py --handlers 200 --rounds 5
+    python3 scripts/compile-cost.py --handlers 200 --rounds 11
     python3 scripts/compile-cost.py --form batch      # or --form claim
 
 The crates live in a temporary directory (kept with --keep), with a target directory
@@ -25,6 +27,9 @@ import tempfile
 import time
 
 WORKSPACE = pathlib.Path(__file__).resolve().parent.parent
+
+# The crate of plain functions and the crate of handlers, in the order they are built.
+CRATES = ("plain", "inbox")
 
 MANIFEST = """\
 [package]
@@ -138,14 +143,18 @@ def cargo(args, root, target):
     return time.monotonic() - started, result.stdout
 
 
-def median_seconds(args, crate, target, rounds):
-    lib = crate / "src" / "lib.rs"
-    times = []
+def median_seconds(command, root, target, rounds):
+    """The median seconds of `cargo <command> -p <crate>` for each crate, the crates'
+    builds alternating round by round, so that a change in the machine's load over the
+    measurement weighs on both alike."""
+    times = {name: [] for name in CRATES}
     for _ in range(rounds):
-        lib.touch()
-        seconds, _ = cargo(args, crate, target)
-        times.append(seconds)
-    return statistics.median(times)
+        for name in CRATES:
+            crate = root / name
+            (crate / "src" / "lib.rs").touch()
+            seconds, _ = cargo([command, "-p", name], crate, target)
+            times[name].append(seconds)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def main():
@@ -163,7 +172,7 @@ def main():
     if lockfile.exists():
         # The workspace's versions, so that the figures are of the code under test.
         shutil.copy(lockfile, root / "Cargo.lock")
-    for name, attribute in (("plain", False), ("inbox", True)):
+    for name, attribute in zip(CRATES, (False, True)):
         crate = root / name
         (crate / "src").mkdir(parents=True)
         (crate / "Cargo.toml").write_text(MANIFEST.format(name=name, workspace=WORKSPACE))
@@ -176,11 +185,12 @@ def main():
     cargo(["build", "--workspace", "--tests"], root, target)
     cargo(["check", "--workspace"], root, target)
 
+    checks = median_seconds("check", root, target, options.rounds)
+    builds = median_seconds("build", root, target, options.rounds)
     rows = {}
-    for name in ("plain", "inbox"):
+    for name in CRATES:
         crate = root / name
-        check = median_seconds(["check", "-p", name], crate, target, options.rounds)
-        build = median_seconds(["build", "-p", name], crate, target, options.rounds)
+        check, build = checks[name], builds[name]
         rlib = target / "debug" / f"lib{name}.rlib"
         _, output = cargo(["test", "-p", name, "--lib", "--", "--nocapture"], crate, target)
         sizes = next(
