@@ -8,7 +8,6 @@
 //! marker commit together or not at all.
 
 use std::convert::Infallible;
-use std::mem;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -18,7 +17,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::Sealed as _;
 use crate::begin::Begin;
-use crate::body_scope::{DropScope, InBody, Scope};
+use crate::body_scope::{DropScope, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::error::InvalidBatchKey;
@@ -26,7 +25,7 @@ use crate::handler::{Handler, RegisteredHandler};
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::step::Step;
+use crate::step::{Begun, Step};
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -294,17 +293,17 @@ where
                 enclosing,
                 markers,
                 new,
-            }) => Ok(InBatch {
-                scope: DropScope::new(
-                    Scope::delivery(delivery.consumer(), markers.first_new_key(&new)),
-                    &delivery.span,
-                ),
-                delivery,
-                enclosing,
-                markers,
-                new,
-                close: close::<C>,
-            }),
+            }) => {
+                let scope = Scope::delivery(delivery.consumer(), markers.first_new_key(&new));
+                let scope = DropScope::new(scope, &delivery.span);
+                let closing = BatchClosing {
+                    delivery,
+                    enclosing,
+                    markers,
+                    new,
+                };
+                Ok(Begun::new(closing, scope, close::<C>))
+            }
             Err(stop) => Err(BatchStopped {
                 delivery: Some((delivery, stop)),
             }),
@@ -313,18 +312,10 @@ where
 }
 
 /// A batch whose transaction holds its markers, some of them new: what the handler's
-/// future holds while its body runs.
+/// future holds while its body runs. Its `close` commits the transaction when the body
+/// succeeded, and rolls it back otherwise.
 #[doc(hidden)]
-pub struct InBatch<C: ?Sized> {
-    delivery: BatchDelivery,
-    enclosing: Enclosing,
-    markers: Markers,
-    new: Vec<bool>,
-    scope: DropScope,
-    /// The close step for `C`, chosen where `C`'s bounds were checked: a connection of
-    /// a type the inbox cannot use is then reported once, at [`begin_batch`].
-    close: for<'c> fn(&'c mut C, BatchClosing) -> Step<'c, BatchClosed>,
-}
+pub type InBatch<C> = Begun<C, BatchClosing, BatchClosed>;
 
 impl<C: ?Sized> InBatch<C> {
     /// The new messages among `messages` (borrows of a borrowed batch's, or an owned
@@ -333,36 +324,21 @@ impl<C: ?Sized> InBatch<C> {
     where
         I: IntoIterator,
     {
-        self.markers.select(messages.into_iter(), &self.new)
-    }
-
-    /// The body's future, run in the delivery's span and scope.
-    #[inline(always)]
-    pub fn body<F>(&mut self, body: F) -> InBody<F> {
-        InBody::new(body, mem::take(&mut self.scope))
-    }
-
-    /// Commits the transaction when the body `succeeded`, rolls it back otherwise.
-    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, BatchClosed> {
-        let closing = BatchClosing {
-            delivery: self.delivery,
-            enclosing: self.enclosing,
-            outcomes: self.markers.outcomes(&self.new),
-            succeeded,
-        };
-        (self.close)(conn, closing)
+        let BatchClosing { markers, new, .. } = self.state();
+        markers.select(messages.into_iter(), new)
     }
 }
 
 /// What the close step needs.
-struct BatchClosing {
+#[doc(hidden)]
+pub struct BatchClosing {
     delivery: BatchDelivery,
     enclosing: Enclosing,
-    outcomes: Vec<Outcome<()>>,
-    succeeded: bool,
+    markers: Markers,
+    new: Vec<bool>,
 }
 
-fn close<C>(conn: &mut C, closing: BatchClosing) -> Step<'_, BatchClosed>
+fn close<C>(conn: &mut C, closing: BatchClosing, succeeded: bool) -> Step<'_, BatchClosed>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -370,14 +346,14 @@ where
     let BatchClosing {
         delivery,
         enclosing,
-        outcomes,
-        succeeded,
+        markers,
+        new,
     } = closing;
     Step::new(async move {
         let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;
         BatchClosed {
             delivery,
-            outcomes,
+            outcomes: markers.outcomes(&new),
             closed,
         }
     })

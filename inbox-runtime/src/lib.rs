@@ -58,12 +58,12 @@ mod verdict;
 
 pub use backend::InboxBackend;
 pub use batch::{
-    BatchClosed, BatchOutcome, BatchParameter, BatchStopped, InBatch, OwnedBatch, batch_keys,
-    batch_messages, begin_batch, owned_batch,
+    BatchClosed, BatchClosing, BatchOutcome, BatchParameter, BatchStopped, InBatch, OwnedBatch,
+    batch_keys, batch_messages, begin_batch, owned_batch,
 };
 pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
 #[doc(hidden)]
-pub use claims::protocol::{Claimed, NotClaimed, Settled, claim_delivery};
+pub use claims::protocol::{Claimed, NotClaimed, Settled, Settling, claim_delivery};
 pub use claims::{Claim, ClaimPolicy};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;
@@ -92,9 +92,9 @@ pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
 #[doc(hidden)]
-pub use step::Step;
+pub use step::{Begun, Step};
 #[doc(hidden)]
-pub use transaction::{Closed, InTransaction, Stopped, begin_transaction};
+pub use transaction::{Closed, Closing, InTransaction, Stopped, begin_transaction};
 pub use verdict::{
     Classified, Classify, DatabaseClassOf, HandlerErrorType, OpaqueError, ReadsErrorChain,
     class_of, find_database_error, retry_after_of,

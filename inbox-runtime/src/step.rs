@@ -5,8 +5,11 @@
 //! compiled once per connection type, and the handler's future holds a pointer to each
 //! instead of its states. Only the body's own future is compiled per handler.
 
+use std::mem;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+use crate::body_scope::{DropScope, InBody};
 
 /// A step before or after a handler's body. `Send`, as every diesel-async connection
 /// and its futures are, so that a handler's future is `Send` exactly when its body's is.
@@ -28,5 +31,47 @@ impl<T> Future for Step<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         self.0.as_mut().poll(cx)
+    }
+}
+
+/// A delivery that its first step has begun: what the handler's future holds while its
+/// body runs. `S` is what the mode's step after the body needs, `R` what that step
+/// returns.
+#[doc(hidden)]
+pub struct Begun<C: ?Sized, S, R> {
+    state: S,
+    scope: DropScope,
+    /// The step after the body, chosen by the first where the connection's bounds were
+    /// checked: a connection of a type the inbox cannot use is then reported once, at
+    /// the first step.
+    close: for<'c> fn(&'c mut C, S, bool) -> Step<'c, R>,
+}
+
+impl<C: ?Sized, S, R> Begun<C, S, R> {
+    pub(crate) fn new(
+        state: S,
+        scope: DropScope,
+        close: for<'c> fn(&'c mut C, S, bool) -> Step<'c, R>,
+    ) -> Self {
+        Self {
+            state,
+            scope,
+            close,
+        }
+    }
+
+    pub(crate) fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The body's future, run in the delivery's span and scope.
+    #[inline(always)]
+    pub fn body<F>(&mut self, body: F) -> InBody<F> {
+        InBody::new(body, mem::take(&mut self.scope))
+    }
+
+    /// Ends the delivery as the mode does when the body `succeeded`, or when it did not.
+    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, R> {
+        (self.close)(conn, self.state, succeeded)
     }
 }

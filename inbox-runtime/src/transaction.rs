@@ -1,7 +1,6 @@
 //! The exactly-once transaction that every `#[idempotent]` handler runs.
 
 use std::convert::Infallible;
-use std::mem;
 use std::time::Instant;
 
 use diesel::result::Error;
@@ -11,7 +10,7 @@ use tracing::Instrument as _;
 use crate::backend::InboxBackend;
 use crate::backend::sealed::{Marker, Sealed as _};
 use crate::begin::Begin;
-use crate::body_scope::{DropScope, InBody, Scope};
+use crate::body_scope::{DropScope, Scope};
 use crate::call;
 use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::fast_path::FastPath;
@@ -20,7 +19,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::step::Step;
+use crate::step::{Begun, Step};
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -70,56 +69,33 @@ where
             &delivery.span,
         );
         match opened.await {
-            Ok((enclosing, scope)) => Ok(InTransaction {
-                scope: DropScope::new(scope, &delivery.span),
-                delivery,
-                enclosing,
-                close: close::<C>,
-            }),
+            Ok((enclosing, scope)) => {
+                let scope = DropScope::new(scope, &delivery.span);
+                let closing = Closing {
+                    delivery,
+                    enclosing,
+                };
+                Ok(Begun::new(closing, scope, close::<C>))
+            }
             Err(stop) => Err(Stopped { delivery, stop }),
         }
     })
 }
 
 /// A delivery whose transaction holds its marker: what the handler's future holds while
-/// its body runs.
-pub struct InTransaction<C: ?Sized> {
-    delivery: Delivery,
-    enclosing: Enclosing,
-    scope: DropScope,
-    /// The close step for `C`, chosen where `C`'s bounds were checked: a connection of
-    /// a type the inbox cannot use is then reported once, at [`begin_transaction`].
-    close: for<'c> fn(&'c mut C, Closing) -> Step<'c, Closed>,
-}
-
-impl<C: ?Sized> InTransaction<C> {
-    /// The body's future, run in the delivery's span and scope.
-    #[inline(always)]
-    pub fn body<F>(&mut self, body: F) -> InBody<F> {
-        InBody::new(body, mem::take(&mut self.scope))
-    }
-
-    /// Commits the transaction when the body `succeeded`, once it has checked that the
-    /// database did not roll the transaction back underneath the body; rolls it back
-    /// otherwise, with everything the body wrote.
-    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, Closed> {
-        let closing = Closing {
-            delivery: self.delivery,
-            enclosing: self.enclosing,
-            succeeded,
-        };
-        (self.close)(conn, closing)
-    }
-}
+/// its body runs. Its `close` commits the transaction when the body succeeded, once it
+/// has checked that the database did not roll the transaction back underneath the body;
+/// it rolls it back otherwise, with everything the body wrote.
+pub type InTransaction<C> = Begun<C, Closing, Closed>;
 
 /// What the close step needs.
-struct Closing {
+#[doc(hidden)]
+pub struct Closing {
     delivery: Delivery,
     enclosing: Enclosing,
-    succeeded: bool,
 }
 
-fn close<C>(conn: &mut C, closing: Closing) -> Step<'_, Closed>
+fn close<C>(conn: &mut C, closing: Closing, succeeded: bool) -> Step<'_, Closed>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
@@ -127,7 +103,6 @@ where
     let Closing {
         delivery,
         enclosing,
-        succeeded,
     } = closing;
     Step::new(async move {
         let closed = call::close(conn, enclosing, succeeded, &delivery.span).await;

@@ -1,7 +1,6 @@
 //! The claim, the body and the completion, as `#[idempotent(…, claim)]` runs them.
 
 use std::convert::Infallible;
-use std::mem;
 use std::time::{Duration, Instant};
 
 use diesel::result::Error;
@@ -12,7 +11,7 @@ use super::{Claim, micros};
 use crate::backend::InboxBackend;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
 use crate::backend::sealed::Sealed as _;
-use crate::body_scope::{DropScope, InBody, Scope};
+use crate::body_scope::{DropScope, Scope};
 use crate::classify::classify;
 use crate::enclosing::enclosing_transaction;
 use crate::error::{ClaimError, InboxError};
@@ -21,7 +20,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
-use crate::step::Step;
+use crate::step::{Begun, Step};
 use crate::verdict::HandlerErrorType;
 
 /// How long a claim is held when the handler sets no `lease`: five minutes.
@@ -111,63 +110,34 @@ where
         let consumer = handler.registration.consumer;
         let claimed = claim(conn, consumer, message_id, policy, fingerprint);
         match claimed.instrument(delivery.span.clone()).await {
-            Ok(held) => Ok(Claimed {
-                scope: DropScope::new(Scope::claimed(held.claim.clone()), &delivery.span),
-                delivery,
-                held,
-                settle: settle_step::<C>,
-            }),
+            Ok(held) => {
+                let scope = DropScope::new(Scope::claimed(held.claim.clone()), &delivery.span);
+                let settling = Settling { delivery, held };
+                Ok(Begun::new(settling, scope, settle_step::<C>))
+            }
             Err(not_run) => Err(NotClaimed { delivery, not_run }),
         }
     })
 }
 
 /// A delivery that holds its claim: what the handler's future holds while its body runs.
-pub struct Claimed<C: ?Sized> {
-    delivery: ClaimDelivery,
-    held: Held,
-    scope: DropScope,
-    /// The settle step for `C`, chosen where `C`'s bounds were checked: a connection of a
-    /// type the inbox cannot use is then reported once, at [`claim_delivery`].
-    settle: for<'c> fn(&'c mut C, Settling) -> Step<'c, Settled>,
-}
-
-impl<C: ?Sized> Claimed<C> {
-    /// The body's future, run in the delivery's span and under its claim.
-    #[inline(always)]
-    pub fn body<F>(&mut self, body: F) -> InBody<F> {
-        InBody::new(body, mem::take(&mut self.scope))
-    }
-
-    /// Completes the claim when the body `succeeded`, releases it otherwise so that the
-    /// next delivery runs at once.
-    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, Settled> {
-        let settling = Settling {
-            delivery: self.delivery,
-            held: self.held,
-            succeeded,
-        };
-        (self.settle)(conn, settling)
-    }
-}
+/// Its `close` completes the claim when the body succeeded, and releases it otherwise so
+/// that the next delivery runs at once.
+pub type Claimed<C> = Begun<C, Settling, Settled>;
 
 /// What the settle step needs.
-struct Settling {
+#[doc(hidden)]
+pub struct Settling {
     delivery: ClaimDelivery,
     held: Held,
-    succeeded: bool,
 }
 
-fn settle_step<C>(conn: &mut C, settling: Settling) -> Step<'_, Settled>
+fn settle_step<C>(conn: &mut C, settling: Settling, succeeded: bool) -> Step<'_, Settled>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    let Settling {
-        delivery,
-        held,
-        succeeded,
-    } = settling;
+    let Settling { delivery, held } = settling;
     Step::new(async move {
         let settled = settle(conn, held, succeeded)
             .instrument(delivery.span.clone())
