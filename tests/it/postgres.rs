@@ -542,3 +542,70 @@ async fn statements_stay_prepared() {
     .await;
     db.cleanup().await;
 }
+
+/// Two replicas must agree on every key's digest whatever their sessions resolve and
+/// parse: PostgreSQL inlines `inbox_key_digest` into the index expression and into the
+/// lookups with the session's `search_path` and string syntax, so a function of one of
+/// its names ahead of `pg_catalog`, or `standard_conforming_strings = off`, would give a
+/// session digests of its own, and a redelivery to it would be processed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_that_resolve_names_otherwise_agree_on_digests() {
+    let Some(db) = create("digest_sessions").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 2).await;
+        let mut plain = db.connect().await;
+        plain
+            .batch_execute(
+                "CREATE FUNCTION sha256(bytea) RETURNS bytea LANGUAGE sql IMMUTABLE \
+                 AS 'SELECT pg_catalog.sha512($1)'; \
+                 CREATE FUNCTION replace(text, text, text) RETURNS text LANGUAGE sql IMMUTABLE \
+                 AS 'SELECT pg_catalog.upper($1)'",
+            )
+            .await
+            .expect("the shadowing functions");
+        // The test's schema, where the functions are, ahead of pg_catalog.
+        let mut shadowed = common::connect_with(
+            &db,
+            "SELECT set_config('search_path', current_setting('search_path') || ', pg_catalog', \
+             false); \
+             SET standard_conforming_strings = off",
+        )
+        .await;
+        let key = |message_id: &str, account| Credit {
+            message_id: message_id.to_owned(),
+            account,
+            amount: 1,
+        };
+        for (index, message_id) in ["k", r"back\slash", r"\x41"].into_iter().enumerate() {
+            let first = key(message_id, 0);
+            assert_eq!(
+                common::credit(&mut plain, &first).await,
+                Ok(Outcome::Processed(()))
+            );
+            assert_eq!(
+                common::credit(&mut shadowed, &first).await,
+                Ok(Outcome::Duplicate),
+                "{message_id:?}"
+            );
+            assert_eq!(
+                common::credit_reading_first(&mut shadowed, &first).await,
+                Ok(Outcome::Duplicate),
+                "{message_id:?}"
+            );
+            let other = key(&format!("{message_id}-{index}"), 1);
+            let batch = common::batch::batch_credit(&mut shadowed, &[first.clone(), other.clone()])
+                .await
+                .unwrap();
+            assert_eq!(batch.processed(), 2);
+            let batch = common::batch::batch_credit(&mut plain, &[first, other])
+                .await
+                .unwrap();
+            assert_eq!(batch.processed(), 0, "{message_id:?}");
+        }
+        assert_eq!(common::balances(&db, 2).await, vec![6, 3]);
+    })
+    .await;
+    db.cleanup().await;
+}
