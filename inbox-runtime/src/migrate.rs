@@ -35,7 +35,11 @@ where
 /// one online `ALTER TABLE … ALGORITHM = INPLACE, LOCK = NONE`, which builds the new
 /// index while inserts go on. It waits for the table's metadata lock at its start and
 /// end, and statements on the table queue behind it meanwhile, so it runs with a
-/// one-second `lock_wait_timeout`, and tries again. On a Galera cluster the `ALTER`
+/// one-second `lock_wait_timeout`, and tries again. At the end of the build InnoDB applies
+/// the inserts made during it to the new index while every insert into the table waits:
+/// on an inbox whose index outgrows the buffer pool that is a page read per insert made
+/// meanwhile (handlers stalled for 4.5 s at 10 million markers with the default 128 MiB
+/// pool), so upgrade a large inbox at a quiet time. On a Galera cluster the `ALTER`
 /// runs in total order (`wsrep_OSU_method = TOI`) and holds up writes to the table on
 /// every node while it builds: upgrade there at a quiet time.
 ///
