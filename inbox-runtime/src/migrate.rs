@@ -39,9 +39,9 @@ where
 /// the inserts made during it to the new index while every insert into the table waits:
 /// on an inbox whose index outgrows the buffer pool that is a page read per insert made
 /// meanwhile (handlers stalled for 4.5 s at 10 million markers with the default 128 MiB
-/// pool), so upgrade a large inbox at a quiet time. On a Galera cluster the `ALTER`
-/// runs in total order (`wsrep_OSU_method = TOI`) and holds up writes to the table on
-/// every node while it builds: upgrade there at a quiet time.
+/// pool). On a Galera cluster the `ALTER` runs in total order (`wsrep_OSU_method =
+/// TOI`) and holds up writes to the table on every node while it builds. Upgrade a large
+/// inbox, and any inbox on a cluster, at a quiet time.
 ///
 /// SQLite keeps its index on both texts: there is nothing to upgrade.
 pub async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>
