@@ -10,11 +10,11 @@
 --       AND consumer = $consumer AND message_id = $key
 --
 -- A SQL function of immutable built-ins, which PostgreSQL inlines into the index
--- expression and into every statement that names it: no function call per insert. A
--- text's bytes come from a cast to bytea, whose input reads backslashes as escapes, so
--- each is doubled first. Every name is qualified, and the backslashes are written in
--- E'' literals, so that neither a session's search_path nor its
--- standard_conforming_strings changes what the inlined expression means.
+-- expression and into the statements that call it on columns or parameters: no
+-- function call per insert. A text's bytes come from a cast to bytea, whose input reads
+-- backslashes as escapes, so each is doubled first. Every name is qualified, and the
+-- backslashes are written in E'' literals, so that neither a session's search_path nor
+-- its standard_conforming_strings changes what the inlined expression means.
 CREATE OR REPLACE FUNCTION inbox_key_digest(consumer text, message_id text) RETURNS uuid
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $inbox_key_digest$
