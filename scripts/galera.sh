@@ -91,7 +91,11 @@ stop_node() {
 
 case ${1:-} in
 start)
-    [ -d "$base/node3" ] || initialise
+    # A fresh cluster at every start. A run that killed or isolated nodes can leave them
+    # at different positions, and a node behind the bootstrapped one needs a state
+    # transfer, which on a loaded machine can outlast the wait below.
+    for n in 3 2 1; do stop_node "$n"; done
+    initialise
     sed -i 's/^safe_to_bootstrap: 0/safe_to_bootstrap: 1/' "$base/node1/grastate.dat"
     start_node 1 --wsrep-new-cluster
     wait_for 1 ready
