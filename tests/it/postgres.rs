@@ -448,46 +448,43 @@ async fn sessions_in_other_encodings_agree_on_keys() {
         common::create_tables(&db, 2).await;
         let mut latin1 = common::connect_with(&db, "SET client_encoding = 'LATIN1'").await;
         let mut utf8 = db.connect().await;
-        let key = |message_id: &str, account| Credit {
-            message_id: message_id.to_owned(),
-            account,
-            amount: 1,
-        };
         // Each path: the transaction, the fast path's read, the batch, and claim mode.
         assert_eq!(
-            common::credit(&mut latin1, &key("é", 0)).await,
+            common::credit(&mut latin1, &Credit::of("é", 0)).await,
             Ok(Outcome::Processed(()))
         );
         assert_eq!(
-            common::credit(&mut utf8, &key("é", 0)).await,
+            common::credit(&mut utf8, &Credit::of("é", 0)).await,
             Ok(Outcome::Duplicate)
         );
         assert_eq!(
-            common::credit_reading_first(&mut latin1, &key("é", 0)).await,
+            common::credit_reading_first(&mut latin1, &Credit::of("é", 0)).await,
             Ok(Outcome::Duplicate)
         );
         assert_eq!(
-            common::credit_reading_first(&mut latin1, &key("Ã©", 1)).await,
+            common::credit_reading_first(&mut latin1, &Credit::of("Ã©", 1)).await,
             Ok(Outcome::Processed(()))
         );
-        let batch = common::batch::batch_credit(&mut latin1, &[key("é", 0), key("Ã©", 1)])
-            .await
-            .unwrap();
+        let batch =
+            common::batch::batch_credit(&mut latin1, &[Credit::of("é", 0), Credit::of("Ã©", 1)])
+                .await
+                .unwrap();
         assert_eq!(batch.processed(), 2);
-        let batch = common::batch::batch_credit(&mut utf8, &[key("é", 0), key("Ã©", 1)])
-            .await
-            .unwrap();
+        let batch =
+            common::batch::batch_credit(&mut utf8, &[Credit::of("é", 0), Credit::of("Ã©", 1)])
+                .await
+                .unwrap();
         assert_eq!(batch.processed(), 0);
         assert_eq!(
-            claimed(&mut latin1, &key("é", 0)).await,
+            claimed(&mut latin1, &Credit::of("é", 0)).await,
             Ok(Outcome::Processed(()))
         );
         assert_eq!(
-            claimed(&mut utf8, &key("é", 0)).await,
+            claimed(&mut utf8, &Credit::of("é", 0)).await,
             Ok(Outcome::Duplicate)
         );
         assert_eq!(
-            claimed(&mut utf8, &key("Ã©", 1)).await,
+            claimed(&mut utf8, &Credit::of("Ã©", 1)).await,
             Ok(Outcome::Processed(()))
         );
         let stored = "SELECT COUNT(*) FROM inbox WHERE message_id IN ('é', 'Ã©')";
@@ -573,13 +570,8 @@ async fn sessions_that_resolve_names_otherwise_agree_on_digests() {
              SET standard_conforming_strings = off",
         )
         .await;
-        let key = |message_id: &str, account| Credit {
-            message_id: message_id.to_owned(),
-            account,
-            amount: 1,
-        };
         for (index, message_id) in ["k", r"back\slash", r"\x41"].into_iter().enumerate() {
-            let first = key(message_id, 0);
+            let first = Credit::of(message_id, 0);
             assert_eq!(
                 common::credit(&mut plain, &first).await,
                 Ok(Outcome::Processed(()))
@@ -594,7 +586,7 @@ async fn sessions_that_resolve_names_otherwise_agree_on_digests() {
                 Ok(Outcome::Duplicate),
                 "{message_id:?}"
             );
-            let other = key(&format!("{message_id}-{index}"), 1);
+            let other = Credit::of(&format!("{message_id}-{index}"), 1);
             let batch = common::batch::batch_credit(&mut shadowed, &[first.clone(), other.clone()])
                 .await
                 .unwrap();

@@ -109,14 +109,6 @@ async fn mysql_a_full_inbox_of_0_2_upgrades_while_handlers_run() {
     }
 }
 
-fn credit(message_id: &str, account: i64) -> Credit {
-    Credit {
-        message_id: message_id.to_owned(),
-        account,
-        amount: 1,
-    }
-}
-
 /// The first byte of the digest of (consumer, key), as both backends compute it.
 fn digest_byte(consumer: &str, key: &str) -> u8 {
     use sha2::Digest as _;
@@ -176,14 +168,17 @@ async fn a_digest_collision_is_an_error_never_a_duplicate<D: TestDb>(db: D, dial
         assert_ne!(a_byte, c_byte, "two families");
 
         assert_eq!(
-            common::credit(&mut conn, &credit(&a[0], 0)).await,
+            common::credit(&mut conn, &Credit::of(&a[0], 0)).await,
             Ok(Outcome::Processed(()))
         );
         assert_eq!(
-            common::credit(&mut conn, &credit(&a[0], 0)).await,
+            common::credit(&mut conn, &Credit::of(&a[0], 0)).await,
             Ok(Outcome::Duplicate)
         );
-        let met = collision(common::credit(&mut conn, &credit(&a[1], 1)).await, dialect);
+        let met = collision(
+            common::credit(&mut conn, &Credit::of(&a[1], 1)).await,
+            dialect,
+        );
         if let Some(met) = met {
             assert_eq!(
                 (met.message_id.as_str(), met.consumer.as_str()),
@@ -194,11 +189,11 @@ async fn a_digest_collision_is_an_error_never_a_duplicate<D: TestDb>(db: D, dial
                 (a[0].as_str(), "credit")
             );
         }
-        let reading_first = common::credit_reading_first(&mut conn, &credit(&a[2], 2)).await;
+        let reading_first = common::credit_reading_first(&mut conn, &Credit::of(&a[2], 2)).await;
         collision(reading_first, dialect);
 
         // A batch meeting a committed marker, and one whose own keys collide.
-        let batch = [credit(&b[0], 3), credit(&a_batch[0], 4)];
+        let batch = [Credit::of(&b[0], 3), Credit::of(&a_batch[0], 4)];
         let met = collision(
             common::batch::batch_credit(&mut conn, &batch).await,
             dialect,
@@ -206,7 +201,7 @@ async fn a_digest_collision_is_an_error_never_a_duplicate<D: TestDb>(db: D, dial
         if let Some(met) = met {
             assert_eq!(met.message_id, a_batch[0]);
         }
-        let batch = [credit(&c[0], 5), credit(&c[1], 6)];
+        let batch = [Credit::of(&c[0], 5), Credit::of(&c[1], 6)];
         let met = collision(
             common::batch::batch_credit(&mut conn, &batch).await,
             dialect,
@@ -218,7 +213,10 @@ async fn a_digest_collision_is_an_error_never_a_duplicate<D: TestDb>(db: D, dial
         }
 
         // Claim mode, meeting another consumer's marker.
-        let met = collision(claimed(&mut conn, &credit(&a_claimed[0], 7)).await, dialect);
+        let met = collision(
+            claimed(&mut conn, &Credit::of(&a_claimed[0], 7)).await,
+            dialect,
+        );
         if let Some(met) = met {
             assert_eq!(
                 (met.consumer.as_str(), met.stored_consumer.as_str()),
@@ -270,12 +268,12 @@ where
                 let mut conn = db.connect().await;
                 let (mut processed, mut longest) = (0, Duration::ZERO);
                 while !stop.load(Ordering::Relaxed) || processed < 50 {
-                    let message = credit(&format!("u{account}-{processed}"), account);
+                    let message = Credit::of(&format!("u{account}-{processed}"), account);
                     let started = Instant::now();
                     let outcome = common::credit(&mut conn, &message).await;
                     longest = longest.max(started.elapsed());
                     assert_eq!(outcome, Ok(Outcome::Processed(())), "{message:?}");
-                    let again = credit(&format!("u{account}-{}", processed / 2), account);
+                    let again = Credit::of(&format!("u{account}-{}", processed / 2), account);
                     let outcome = common::credit(&mut conn, &again).await;
                     assert_eq!(outcome, Ok(Outcome::Duplicate), "{again:?}");
                     processed += 1;

@@ -61,6 +61,15 @@ impl Credit {
         }
     }
 
+    /// The message `message_id`, crediting 1 to `account`.
+    pub fn of(message_id: &str, account: i64) -> Self {
+        Self {
+            message_id: message_id.to_owned(),
+            account,
+            amount: 1,
+        }
+    }
+
     /// Reads a message from its id and its [`Credit::payload`].
     pub fn parse(message_id: &str, payload: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(payload).ok()?;
