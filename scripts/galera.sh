@@ -89,12 +89,17 @@ stop_node() {
     fi
 }
 
+stop_all() {
+    local n
+    for n in 3 2 1; do stop_node "$n"; done
+}
+
 case ${1:-} in
 start)
     # A fresh cluster at every start. A run that killed or isolated nodes can leave them
     # at different positions, and a node behind the bootstrapped one needs a state
     # transfer, which on a loaded machine can outlast the wait below.
-    for n in 3 2 1; do stop_node "$n"; done
+    stop_all
     initialise
     sed -i 's/^safe_to_bootstrap: 0/safe_to_bootstrap: 1/' "$base/node1/grastate.dat"
     start_node 1 --wsrep-new-cluster
@@ -107,7 +112,7 @@ start)
     echo "galera: 3 nodes on 127.0.0.1:3311-3313"
     ;;
 stop)
-    for n in 3 2 1; do stop_node "$n"; done
+    stop_all
     ;;
 status)
     for n in 1 2 3; do
