@@ -18,5 +18,6 @@ mod pipelined;
 mod postgres;
 mod pruner;
 mod relay;
+mod silent_end;
 mod sqlite;
 mod unique_index;

@@ -123,7 +123,7 @@ impl MysqlDb {
             .expect("connection id")
     }
 
-    async fn inbox_rows(&self) -> i64 {
+    pub(crate) async fn inbox_rows(&self) -> i64 {
         let mut conn = self.connect().await;
         select_i64(&mut conn, "SELECT COUNT(*) FROM inbox")
             .await
@@ -793,9 +793,10 @@ async fn credit_then_fail(conn: &mut AsyncMysqlConnection, credit: &Credit) -> R
 }
 
 /// Every way a call ends leaves the session's autocommit as the call found it, on or
-/// off: processed, duplicate, failed, a batch, and a call whose connection lost the
-/// statement it runs after the COMMIT (as a session reset drops it), which prepares it
-/// again. Each processed call is committed, also for a session with autocommit off.
+/// off: processed, duplicate, failed, a batch, a batch of duplicates, and a call whose
+/// connection lost the statement it runs after the COMMIT (as a session reset drops it),
+/// which prepares it again. Each processed call is committed, also for a session with
+/// autocommit off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_call_leaves_autocommit_as_it_found_it() {
     let Some(db) = create("autocommit_restored").await else {
@@ -832,6 +833,11 @@ async fn every_call_leaves_autocommit_as_it_found_it() {
                 .unwrap();
             assert_eq!(outcome.processed(), 2);
             assert_session(&mut conn, "a batch").await;
+            let outcome = common::batch::batch_credit(&mut conn, &batch)
+                .await
+                .unwrap();
+            assert_eq!(outcome.duplicates(), 2);
+            assert_session(&mut conn, "a batch of duplicates").await;
             conn.batch_execute("DEALLOCATE PREPARE `diesel_inbox.after_commit`")
                 .await
                 .expect("prepared by the first commit");

@@ -2,9 +2,9 @@
 //!
 //! | state | set by | holds | put back by |
 //! |---|---|---|---|
-//! | `autocommit` | the marker insert's round trip, off | off while the handler's transaction is open | the statement after the `COMMIT`, the `ROLLBACK` batch, or [`restore_autocommit!`] after any other end of the transaction |
+//! | `autocommit` | the marker insert's round trip, off (a batch's BEGIN, before its inserts) | off while the handler's transaction is open | the statement after the `COMMIT`, the `ROLLBACK` batch, or [`restore_autocommit!`] after any other end of the transaction |
 //! | [`saved_autocommit!`] | the same | the session's setting | cleared by the same statements |
-//! | [`marker_id!`] | the marker insert's round trip | this call's marker row's id, for the check after the `COMMIT` and after an early end | the next call |
+//! | [`marker_id!`] | the marker insert's round trip (a batch's, after its inserts) | the id of a marker row this call inserted, for the check after the `COMMIT` and after an early end | the next call |
 //! | [`database!`] | the same | the database the marker went into, for the check after the `COMMIT` | the next call |
 //! | [`after_commit_text!`] | a connection's first `COMMIT` | the text of [`after_commit!`], to prepare it | cleared in the same round trip |
 //! | statement [`after_commit!`] | a connection's first `COMMIT` | the check after the `COMMIT` and the autocommit restore | kept for the connection's life; prepared again on a database change or a session reset |
@@ -67,15 +67,16 @@ macro_rules! after_commit_statement {
     };
 }
 
-/// What a call's session holds while its body runs, once the markers are in: the
-/// database they went into, and autocommit off, its setting saved. Assignments of a
-/// `SET` that also records the marker's id.
+/// What a call's session holds while its body runs: the database its markers went
+/// into, and autocommit off, its setting saved. Assignments of a `SET`, which for one
+/// marker also records the marker's id.
 ///
 /// Autocommit off: should the transaction end underneath the body (a deadlock the body
 /// swallows, a Galera abort whose error it never sees), the body's later statements
 /// open a new transaction, which the commit then rolls back, instead of committing one
-/// at a time. It goes off only once the marker is in, so a duplicate, whose 1062 ends
-/// the batch at the insert, leaves the session as it was.
+/// at a time. For one marker it goes off only once the marker is in, so a duplicate,
+/// whose 1062 ends the batch at the insert, leaves the session as it was; a batch of
+/// markers turns it off before its inserts, which the transaction may outlive too.
 macro_rules! session_for_the_body {
     () => {
         concat!(

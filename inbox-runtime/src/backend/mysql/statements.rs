@@ -16,10 +16,10 @@ use crate::backend::queries::{
 };
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{end_unless_inserted, enter_transaction, roll_back_for};
+use crate::backend::{end_unless_inserted, enter_transaction};
 use crate::schema::INDEX_NAME;
 
-use super::markers::{self, BY_KEY};
+use super::markers;
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
 /// the marker insert, so that the savepoint can only name the marker's transaction.
@@ -34,6 +34,19 @@ use super::markers::{self, BY_KEY};
 /// `START TRANSACTION` rather than `BEGIN`, which MariaDB's `sql_mode = ORACLE` reads
 /// as the start of a PL/SQL block.
 const BEGIN_WITH_SAVEPOINT: &str = concat!("START TRANSACTION; SAVEPOINT ", savepoint!());
+
+/// [`BEGIN_WITH_SAVEPOINT`] for a batch of markers, with [`session_for_the_body!`] ahead
+/// of the inserts (see [`Sealed::begin_with_markers`]).
+const BEGIN_BATCH: &str = concat!(
+    "START TRANSACTION; SAVEPOINT ",
+    savepoint!(),
+    "; SET ",
+    session_for_the_body!()
+);
+
+/// Records the id of a batch's marker that the last insert to insert a row, which
+/// succeeded, gave it.
+const RECORD_MARKER_ID: &str = concat!("SET ", marker_id!(), " = LAST_INSERT_ID()");
 
 /// Right after the marker insert, in its round trip: records the marker's id for the
 /// check after the COMMIT and for [`SavepointBackend::own_marker_committed`], then
@@ -155,12 +168,23 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let (new, _last_new) = insert_batch_markers(conn, consumer, message_ids).await?;
+        let (new, _own_id) = insert_batch_markers(conn, consumer, message_ids).await?;
         Ok(new)
     }
 
-    /// [`BEGIN_WITH_SAVEPOINT`], the inserts, then [`AFTER_MARKER_INSERT`]'s
-    /// assignments with the id of the last new marker, one of this transaction's.
+    /// [`BEGIN_BATCH`], then the inserts, then the id of one of this transaction's own
+    /// markers (see [`insert_batch_markers`]).
+    ///
+    /// Autocommit goes off before the first insert, not after the last as for one marker:
+    /// on a Galera node another node's commit can end the transaction between two of the
+    /// inserts without an error reaching this call (seen on a three-node cluster: after
+    /// a duplicate's 1062, the statements that followed ran outside any transaction).
+    /// The statements after such an end open a new transaction, which never commits:
+    /// its `RELEASE SAVEPOINT` fails.
+    /// With autocommit on, each would have committed on its own, a marker insert
+    /// included. And the id is the last insert's own, not read back by key: read back,
+    /// it was another delivery's marker, committed on another node once this
+    /// transaction had ended, which then passed for this call's committed marker.
     async fn begin_with_markers<C>(
         conn: &mut C,
         consumer: &'static str,
@@ -170,31 +194,23 @@ impl sealed::Sealed for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         enter_transaction(conn)?;
-        if let Err(error) = conn.batch_execute(BEGIN_WITH_SAVEPOINT).await {
-            return Err(roll_back_for(conn, error).await);
+        if let Err(error) = conn.batch_execute(BEGIN_BATCH).await {
+            return Err(savepoint::roll_back_and_restore(conn, error).await);
         }
         let new = match insert_batch_markers(conn, consumer, message_ids).await {
-            Ok((new, Some(last_new))) => Prepared(markers::bind_key!(
-                diesel::sql_query(format!(
-                    "SET {} = (SELECT id FROM inbox {BY_KEY}), {}",
-                    marker_id!(),
-                    session_for_the_body!()
-                )),
-                last_new,
-                consumer.to_owned()
-            ))
-            .execute(&mut *conn)
-            .await
-            .map(|_| new),
-            Ok((new, None)) => Ok(new),
+            Ok((new, OwnId::InLastInsertId)) => {
+                conn.batch_execute(RECORD_MARKER_ID).await.map(|()| new)
+            }
+            Ok((new, OwnId::Recorded | OwnId::None)) => Ok(new),
             Err(error) => Err(error),
         };
         match new {
             Ok(new) if new.contains(&true) => Ok(new),
-            Ok(new) => C::TransactionManager::rollback_transaction(conn)
-                .await
-                .map(|()| new),
-            // As for one marker: the SET may have run before its error.
+            Ok(new) => {
+                let rolled_back = C::TransactionManager::rollback_transaction(conn).await;
+                let restored = Self::restore_session(conn).await;
+                rolled_back.and(restored).map(|()| new)
+            }
             Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
         }
     }
@@ -363,7 +379,7 @@ macro_rules! replicates_through_wsrep {
 ///
 /// A prepared statement runs in the database that was current when it was prepared,
 /// `inbox` and `DATABASE()` included, so the check compares that database with the
-/// one the marker went into ([`AFTER_MARKER_INSERT`] records it); on a connection
+/// one the marker went into ([`session_for_the_body!`] records it); on a connection
 /// that has changed databases since, it fails quoting [`after_commit!`], as a
 /// statement not prepared yet does, and is prepared again.
 const PREPARE_AND_RUN_AFTER_COMMIT: &str = concat!(
@@ -477,8 +493,19 @@ impl QueryFragment<Mysql> for CommittedMarkerExists {
     }
 }
 
-/// Inserts a batch's markers, returning for each whether it is new, and the last new
-/// one.
+/// Where the id of one of this transaction's own markers is, once an insert succeeded.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OwnId {
+    /// No marker is new.
+    None,
+    /// `LAST_INSERT_ID()`, set by the last insert that inserted a row, which succeeded.
+    InLastInsertId,
+    /// [`marker_id!`], recorded before an insert that could overwrite `LAST_INSERT_ID()`.
+    Recorded,
+}
+
+/// Inserts a batch's markers, returning for each whether it is new, and where the id of
+/// a new one is.
 ///
 /// MySQL has no `INSERT … RETURNING`, and `ON DUPLICATE KEY UPDATE` reports no row of
 /// its own (see the module's docs). A plain multi-row INSERT either inserts every
@@ -487,17 +514,27 @@ impl QueryFragment<Mysql> for CommittedMarkerExists {
 /// marker per statement, which tells each marker's fate. Each statement takes the keys
 /// in ascending order, so overlapping batches wait for each other instead of
 /// deadlocking.
+///
+/// `LAST_INSERT_ID()` is the first id a statement inserted, even when the statement
+/// then met a duplicate and was undone (a one-row insert that fails inserts nothing and
+/// leaves it as it was). So before a multi-row insert that follows a successful one,
+/// the id of that success is recorded: one round trip more per 64 markers, in batches
+/// longer than that.
 async fn insert_batch_markers<C>(
     conn: &mut C,
     consumer: &'static str,
     message_ids: Vec<String>,
-) -> QueryResult<(Vec<bool>, Option<String>)>
+) -> QueryResult<(Vec<bool>, OwnId)>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
     let mut new = Vec::with_capacity(message_ids.len());
-    let mut last_new = None;
+    let mut own_id = OwnId::None;
     for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
+        if own_id == OwnId::InLastInsertId {
+            conn.batch_execute(RECORD_MARKER_ID).await?;
+            own_id = OwnId::Recorded;
+        }
         let insert = InsertMarkers {
             message_ids: chunk.clone(),
             consumer,
@@ -506,7 +543,7 @@ where
         match insert.execute(&mut *conn).await {
             Ok(_) => {
                 new.resize(new.len() + chunk.len(), true);
-                last_new = chunk.last().cloned();
+                own_id = OwnId::InLastInsertId;
                 continue;
             }
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
@@ -525,12 +562,12 @@ where
                 Err(other) => return Err(other),
             };
             if inserted {
-                last_new = Some(message_id);
+                own_id = OwnId::InLastInsertId;
             }
             new.push(inserted);
         }
     }
-    Ok((new, last_new))
+    Ok((new, own_id))
 }
 
 async fn claim_columns_exist<C>(conn: &mut C) -> QueryResult<bool>
