@@ -147,10 +147,9 @@ async fn interrupted_at(test: &str, key: &str, other: Vec<Credit>) {
             at: Some((key.to_owned(), other)),
         };
         let batch = [Credit::numbered(9), Credit::numbered(10)];
-        let error = common::batch::batch_credit(&mut interrupting, &batch)
-            .await
-            .expect_err("the batch's transaction ended underneath it");
+        let interrupted = common::batch::batch_credit(&mut interrupting, &batch).await;
         assert!(interrupting.at.is_none(), "the insert was interrupted");
+        let error = interrupted.expect_err("the batch's transaction ended underneath it");
         assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
 
         let redelivered = common::batch::batch_credit(&mut interrupting, &batch)

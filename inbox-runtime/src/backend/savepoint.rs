@@ -61,6 +61,9 @@ pub(super) trait SavepointBackend: Sealed {
     /// `RELEASE SAVEPOINT …; ROLLBACK`, then whatever restores the session.
     const RELEASE_AND_ROLLBACK: &'static str;
 
+    /// `ROLLBACK`, then whatever restores the session.
+    const ROLLBACK_AND_RESTORE: &'static str;
+
     /// Restores what the marker insert changed in the session, once the transaction is
     /// over by another way than the two batches above.
     fn restore_session<'c, C>(
@@ -125,9 +128,21 @@ pub(super) async fn roll_back_and_restore<C>(conn: &mut C, error: Error) -> Erro
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    let error = roll_back_for(conn, error).await;
-    let _explained_by_error = C::Backend::restore_session(conn).await;
+    let _explained_by_error = roll_back_with_restore(conn).await;
     error
+}
+
+/// Rolls back and restores the session in one round trip: a call cancelled between two
+/// would leave the session changed (autocommit off, on MySQL/MariaDB) on a connection
+/// that looks idle. Where the batch fails, the transaction manager rolls back.
+pub(super) async fn roll_back_with_restore<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend: SavepointBackend>,
+{
+    match conn.batch_execute(C::Backend::ROLLBACK_AND_RESTORE).await {
+        Ok(()) => leave_transaction(conn),
+        Err(error) => Err(roll_back_for(conn, error).await),
+    }
 }
 
 /// The transaction ended before the handler returned. Brings the transaction manager

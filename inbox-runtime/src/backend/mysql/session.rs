@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | `autocommit` | the marker insert's round trip, off (a batch's BEGIN, before its inserts) | off while the handler's transaction is open | the statement after the `COMMIT`, the `ROLLBACK` batch, or [`restore_autocommit!`] after any other end of the transaction |
 //! | [`saved_autocommit!`] | the same | the session's setting | cleared by the same statements |
-//! | [`marker_id!`] | the marker insert's round trip (a batch's, after its inserts) | the id of a marker row this call inserted, for the check after the `COMMIT` and after an early end | the next call |
+//! | [`marker_id!`] | the marker insert's round trip (a batch's inserts: after them, and before a multi-row insert that follows a successful one) | the id of a marker row this call inserted, for the check after the `COMMIT` and after an early end | the next call |
 //! | [`database!`] | the same | the database the marker went into, for the check after the `COMMIT` | the next call |
 //! | [`after_commit_text!`] | a connection's first `COMMIT` | the text of [`after_commit!`], to prepare it | cleared in the same round trip |
 //! | statement [`after_commit!`] | a connection's first `COMMIT` | the check after the `COMMIT` and the autocommit restore | kept for the connection's life; prepared again on a database change or a session reset |

@@ -8,7 +8,7 @@ use diesel::mysql::Mysql;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Bool, Text};
-use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
+use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::{
@@ -182,8 +182,8 @@ impl sealed::Sealed for Mysql {
     /// The statements after such an end open a new transaction, which never commits:
     /// its `RELEASE SAVEPOINT` fails.
     /// With autocommit on, each would have committed on its own, a marker insert
-    /// included. And the id is the last insert's own, not read back by key: read back,
-    /// it was another delivery's marker, committed on another node once this
+    /// included. And the id is that of a marker the call inserted, not read back by key:
+    /// read back, it was another delivery's marker, committed on another node once this
     /// transaction had ended, which then passed for this call's committed marker.
     async fn begin_with_markers<C>(
         conn: &mut C,
@@ -206,11 +206,7 @@ impl sealed::Sealed for Mysql {
         };
         match new {
             Ok(new) if new.contains(&true) => Ok(new),
-            Ok(new) => {
-                let rolled_back = C::TransactionManager::rollback_transaction(conn).await;
-                let restored = Self::restore_session(conn).await;
-                rolled_back.and(restored).map(|()| new)
-            }
+            Ok(new) => savepoint::roll_back_with_restore(conn).await.map(|()| new),
             Err(error) => Err(savepoint::roll_back_and_restore(conn, error).await),
         }
     }
@@ -440,6 +436,7 @@ impl SavepointBackend for Mysql {
         "; ROLLBACK; ",
         restore_autocommit!()
     );
+    const ROLLBACK_AND_RESTORE: &'static str = concat!("ROLLBACK; ", restore_autocommit!());
 
     fn restore_session<'c, C>(
         conn: &'c mut C,

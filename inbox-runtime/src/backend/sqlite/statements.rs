@@ -268,6 +268,7 @@ impl SavepointBackend for Sqlite {
 
     const RELEASE_AND_ROLLBACK: &'static str =
         concat!("RELEASE SAVEPOINT ", savepoint!(), "; ROLLBACK");
+    const ROLLBACK_AND_RESTORE: &'static str = "ROLLBACK";
 
     /// The marker insert changes nothing in the session.
     fn restore_session<'c, C>(
