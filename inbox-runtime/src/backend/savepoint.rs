@@ -27,7 +27,7 @@ use diesel::result::Error;
 use diesel_async::AsyncConnection;
 
 use super::sealed::Sealed;
-use super::{committed_early, leave_transaction, roll_back_for, rolled_back_underneath};
+use super::{committed_early, leave_transaction, rolled_back_underneath};
 
 /// Names the transaction that holds the marker.
 macro_rules! savepoint {
@@ -134,15 +134,27 @@ where
 
 /// Rolls back and restores the session in one round trip: a call cancelled between two
 /// would leave the session changed (autocommit off, on MySQL/MariaDB) on a connection
-/// that looks idle. Where the batch fails, the transaction manager rolls back.
+/// that looks idle. Where that batch fails (on SQLite, a ROLLBACK with no transaction
+/// left to end), the transaction manager rolls back, then the session is restored.
 pub(super) async fn roll_back_with_restore<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    match conn.batch_execute(C::Backend::ROLLBACK_AND_RESTORE).await {
-        Ok(()) => leave_transaction(conn),
-        Err(error) => Err(roll_back_for(conn, error).await),
+    use diesel_async::TransactionManager;
+
+    if conn
+        .batch_execute(C::Backend::ROLLBACK_AND_RESTORE)
+        .await
+        .is_ok()
+    {
+        return leave_transaction(conn);
     }
+    match C::TransactionManager::rollback_transaction(conn).await {
+        // The connection noticed the end itself (SQLite reports its autocommit state).
+        Ok(()) | Err(Error::NotInTransaction) => {}
+        Err(error) => return Err(error),
+    }
+    C::Backend::restore_session(conn).await
 }
 
 /// The transaction ended before the handler returned. Brings the transaction manager
@@ -153,14 +165,7 @@ async fn ended_early<C>(conn: &mut C) -> QueryResult<bool>
 where
     C: AsyncConnection<Backend: SavepointBackend>,
 {
-    use diesel_async::TransactionManager;
-
-    match C::TransactionManager::rollback_transaction(conn).await {
-        // The connection noticed the end itself (SQLite reports its autocommit state).
-        Ok(()) | Err(Error::NotInTransaction) => {}
-        Err(error) => return Err(error),
-    }
-    C::Backend::restore_session(conn).await?;
+    roll_back_with_restore(conn).await?;
     C::Backend::own_marker_committed(conn).await
 }
 
