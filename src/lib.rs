@@ -128,13 +128,13 @@ pub mod guide;
 /// Items the `#[idempotent]` expansion refers to. Not part of the public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use inbox_runtime::{BatchKeys, batch_key_fn, batch_messages, begin_batch, owned_batch};
     pub use inbox_runtime::{BeginInSequence, BeginPipelined, BeginProbe};
     pub use inbox_runtime::{
         ClaimPolicy, ConnectionParameter, DatabaseClassOf, FastPath, Fingerprint, Handler,
         HandlerError, HandlerErrorType, HandlerResult, OpaqueError, ReadsErrorChain, fake_return,
         register_handler,
     };
-    pub use inbox_runtime::{batch_keys, batch_messages, begin_batch, owned_batch};
     pub use inbox_runtime::{begin_transaction, claim_delivery};
 }
 

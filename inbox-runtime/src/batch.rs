@@ -160,19 +160,88 @@ pub fn owned_batch<M, A: OwnedBatch<M>>(messages: A) -> Vec<M> {
     messages.into_messages()
 }
 
-/// Encodes the key of each message, in order; the first that cannot be encoded rejects
-/// the batch. The `#[idempotent(batch = …)]` expansion passes its `key` closure here,
-/// through `dyn`, so that this is compiled once per message type, not per handler.
+/// Encodes the key of each message of a batch, in order; the first that cannot be
+/// encoded rejects the batch. The `#[idempotent(batch = …)]` expansion writes the loop
+/// itself, with the key's expression in it:
+///
+/// ```text
+/// let mut keys = BatchKeys::new(messages);
+/// while let Some(msg) = keys.next_message() {
+///     keys.push(InboxKey::encode(&(msg.id)));
+/// }
+/// keys.finish()
+/// ```
+///
+/// so that a handler compiles no closure for its key, nor the shims of one called
+/// through `dyn`; what is here is compiled once per message type.
 #[doc(hidden)]
-pub fn batch_keys<M>(
-    messages: &[M],
-    key: &mut dyn FnMut(&M) -> Result<String, InvalidKey>,
-) -> Result<Vec<String>, InvalidBatchKey> {
-    let mut keys = Vec::with_capacity(messages.len());
-    for (index, message) in messages.iter().enumerate() {
-        keys.push(key(message).map_err(|reason| InvalidBatchKey { index, reason })?);
+pub struct BatchKeys<'m, M> {
+    messages: std::slice::Iter<'m, M>,
+    keys: MessageIds,
+}
+
+impl<'m, M> BatchKeys<'m, M> {
+    pub fn new(messages: &'m [M]) -> Self {
+        Self {
+            messages: messages.iter(),
+            keys: MessageIds {
+                len: messages.len(),
+                keys: Ok(Vec::with_capacity(messages.len())),
+            },
+        }
     }
-    Ok(keys)
+
+    /// The next message to encode the key of: none after the last, nor after a key that
+    /// could not be encoded.
+    pub fn next_message(&mut self) -> Option<&'m M> {
+        match self.keys.keys {
+            Ok(_) => self.messages.next(),
+            Err(_) => None,
+        }
+    }
+
+    /// The key of the message [`next_message`](Self::next_message) returned.
+    pub fn push(&mut self, key: Result<String, InvalidKey>) {
+        self.keys.push(key);
+    }
+
+    pub fn finish(self) -> MessageIds {
+        self.keys
+    }
+}
+
+/// The keys of a batch's messages, or the first that could not be encoded.
+#[doc(hidden)]
+pub struct MessageIds {
+    /// How many messages the batch has.
+    len: usize,
+    keys: Result<Vec<String>, InvalidBatchKey>,
+}
+
+impl MessageIds {
+    fn push(&mut self, key: Result<String, InvalidKey>) {
+        if let Ok(keys) = &mut self.keys {
+            match key {
+                Ok(key) => keys.push(key),
+                Err(reason) => {
+                    let index = keys.len();
+                    self.keys = Err(InvalidBatchKey { index, reason });
+                }
+            }
+        }
+    }
+}
+
+/// `key` as a function of one message of `messages`, for the expansion's loop: a
+/// closure's parameter then gets its type from the message, and the key it returns may
+/// borrow from the message (`|msg| -> &str { … }`, `Msg::key` for `fn key(&self) ->
+/// &str`).
+#[doc(hidden)]
+pub fn batch_key_fn<'m, M, K, F>(_messages: &'m [M], key: F) -> F
+where
+    F: FnMut(&'m M) -> K,
+{
+    key
 }
 
 /// The markers a batch inserts: its distinct keys in ascending order, and where each
@@ -253,8 +322,8 @@ impl Markers {
 /// expansion awaits this, then picks the new messages with [`InBatch::select`], runs
 /// its body on them in [`InBatch::body`], and awaits [`InBatch::close`].
 ///
-/// 1. An empty batch (`len` 0) stops at once, with no transaction. An invalid key (in
-///    `message_ids`, encoded by [`batch_keys`]) rejects the batch before anything is
+/// 1. An empty batch stops at once, with no transaction. An invalid key (in
+///    `message_ids`, encoded by [`BatchKeys`]) rejects the batch before anything is
 ///    written.
 /// 2. Refuses a connection inside a transaction, as the transactional mode does (a test
 ///    transaction gets a savepoint instead).
@@ -266,16 +335,19 @@ impl Markers {
 /// future is `Send` exactly when its body's is.
 #[doc(hidden)]
 pub fn begin_batch<'c, C>(
-    conn: &'c mut C,
     begin: Begin<C>,
+    message_ids: MessageIds,
+    conn: &'c mut C,
     handler: &'static Handler,
-    len: usize,
-    message_ids: Result<Vec<String>, InvalidBatchKey>,
 ) -> Step<'c, Result<InBatch<C>, BatchStopped>>
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
+    let MessageIds {
+        len,
+        keys: message_ids,
+    } = message_ids;
     if len == 0 {
         return Step::new(std::future::ready(Err(BatchStopped { delivery: None })));
     }
@@ -560,7 +632,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{InvalidBatchKey, Markers, batch_keys};
+    use super::{BatchKeys, InvalidBatchKey, Markers};
     use crate::error::InboxError;
     use crate::key::{InvalidKey, encode_key};
 
@@ -592,9 +664,17 @@ mod tests {
     }
 
     #[test]
-    fn an_invalid_key_names_its_message() {
+    fn an_invalid_key_names_its_message_and_ends_the_encoding() {
         let messages = ["m1", "m2", "", "m4", ""];
-        let rejected = batch_keys(&messages, &mut encode_key).unwrap_err();
+        // As the expansion's loop does.
+        let mut keys = BatchKeys::new(&messages);
+        let mut encoded = 0;
+        while let Some(message) = keys.next_message() {
+            keys.push(encode_key(message));
+            encoded += 1;
+        }
+        assert_eq!(encoded, 3);
+        let rejected = keys.finish().keys.unwrap_err();
         assert_eq!(
             rejected,
             InvalidBatchKey {

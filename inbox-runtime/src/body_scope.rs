@@ -82,6 +82,10 @@ thread_local! {
     static CURRENT: RefCell<Scope> = const {
         RefCell::new(Scope { claim: None, delivery: None })
     };
+
+    /// For each body being dropped on this thread, innermost last: the scope and span
+    /// its drop replaced, which are restored after it.
+    static DROPPING: RefCell<Vec<(Scope, tracing::Span)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on the delivery of the body being polled on this thread, or on `None`
@@ -157,22 +161,16 @@ impl Claim {
 }
 
 pin_project_lite::pin_project! {
-    /// A body's future, run in its scope.
+    /// A body's future, run in its scope. Its fields drop in order: the first enters the
+    /// scope, so that the body drops within it (the body's destructors may read the
+    /// claim too), and the last leaves it. Guards in fields rather than a `Drop` of this
+    /// type, which would be compiled again for each body.
     #[doc(hidden)]
     pub struct InBody<F> {
-        // Dropped before `scope`, so in it: see the `PinnedDrop` below.
+        scope: EnterOnDrop,
         #[pin]
         body: F,
-        scope: DropScope,
-    }
-
-    impl<F> PinnedDrop for InBody<F> {
-        fn drop(this: Pin<&mut Self>) {
-            // Fields drop after this, in order: the body within the scope entered here,
-            // then the scope, which leaves itself. The body's destructors may read the
-            // claim too.
-            this.project().scope.enter_until_dropped();
-        }
+        leave: LeaveOnDrop,
     }
 }
 
@@ -180,7 +178,11 @@ impl<F> InBody<F> {
     /// `body` in `scope`.
     #[inline(always)]
     pub(crate) fn new(body: F, scope: DropScope) -> Self {
-        Self { body, scope }
+        Self {
+            scope: EnterOnDrop(scope),
+            body,
+            leave: LeaveOnDrop,
+        }
     }
 }
 
@@ -190,7 +192,8 @@ impl<F: Future> Future for InBody<F> {
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _scope = Entered::new(&mut this.scope.scope, &this.scope.span);
+        let scope = &mut this.scope.0;
+        let _scope = Entered::new(&mut scope.scope, &scope.span);
         this.body.poll(cx)
     }
 }
@@ -200,9 +203,6 @@ impl<F: Future> Future for InBody<F> {
 pub(crate) struct DropScope {
     scope: Scope,
     span: tracing::Span,
-    /// Whether the scope and the span are entered for the body's drop. (Not a span
-    /// guard: those are not `Send`, and a handler's future must be.)
-    entered_for_drop: bool,
 }
 
 /// Taken by the body: what its step holds after.
@@ -217,25 +217,35 @@ impl DropScope {
         Self {
             scope,
             span: span.clone(),
-            entered_for_drop: false,
         }
-    }
-
-    /// Enters the scope and the span until this is dropped.
-    fn enter_until_dropped(&mut self) {
-        swap_current(&mut self.scope);
-        self.span
-            .with_subscriber(|(id, dispatch)| dispatch.enter(id));
-        self.entered_for_drop = true;
     }
 }
 
-impl Drop for DropScope {
+/// The first field of an [`InBody`]: dropped, it enters the body's scope and span, and
+/// keeps the scope and span it replaces for the [`LeaveOnDrop`] that drops after the
+/// body. (Not a span guard: those are not `Send`, and a handler's future must be.)
+struct EnterOnDrop(DropScope);
+
+impl Drop for EnterOnDrop {
     fn drop(&mut self) {
-        if self.entered_for_drop {
-            self.span
-                .with_subscriber(|(id, dispatch)| dispatch.exit(id));
-            swap_current(&mut self.scope);
+        let DropScope { scope, span } = &mut self.0;
+        swap_current(scope);
+        span.with_subscriber(|(id, dispatch)| dispatch.enter(id));
+        let outer = std::mem::take(scope);
+        let span = std::mem::replace(span, tracing::Span::none());
+        DROPPING.with_borrow_mut(|dropping| dropping.push((outer, span)));
+    }
+}
+
+/// The last field of an [`InBody`]: dropped, it leaves the scope and span that the first
+/// entered.
+struct LeaveOnDrop;
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        if let Some((mut outer, span)) = DROPPING.with_borrow_mut(Vec::pop) {
+            span.with_subscriber(|(id, dispatch)| dispatch.exit(id));
+            swap_current(&mut outer);
         }
     }
 }
@@ -335,6 +345,29 @@ mod tests {
         assert_eq!(current_consumer(), None);
         drop(body);
         assert_eq!(*SEEN.lock().unwrap(), [Some("c")]);
+        assert_eq!(current_consumer(), None);
+    }
+
+    #[test]
+    fn nested_bodies_dropped_together_each_drop_in_their_own_scope() {
+        static SEEN: std::sync::Mutex<Vec<Option<&'static str>>> =
+            std::sync::Mutex::new(Vec::new());
+        let inner = async {
+            let _reads = ReadsOnDrop(&SEEN);
+            poll_fn(|_| Poll::<()>::Pending).await;
+        };
+        let inner = InBody::new(inner, scope(Scope::claimed(claim("inner"))));
+        let outer = async {
+            let _reads_first = ReadsOnDrop(&SEEN);
+            inner.await;
+        };
+        let mut outer = Box::pin(InBody::new(outer, scope(Scope::claimed(claim("outer")))));
+        let polled = outer.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(polled.is_pending());
+        drop(outer);
+        // The outer body's locals drop in reverse: the inner body, in its own scope, then
+        // the outer's reader, in the outer scope, which the inner's drop restored.
+        assert_eq!(*SEEN.lock().unwrap(), [Some("inner"), Some("outer")]);
         assert_eq!(current_consumer(), None);
     }
 }

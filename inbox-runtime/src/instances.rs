@@ -53,11 +53,12 @@ where
     let begin = Begin::in_sequence();
     let id = || Ok(String::new());
     let begun =
-        transaction::begin_transaction(conn, begin, &HANDLER, id(), FastPath::Adaptive, None);
+        transaction::begin_transaction(begin, conn, &HANDLER, id(), FastPath::Adaptive, None);
     if let Ok(transaction) = begun.await {
         let _ = transaction.close(conn, true).await;
     }
-    let begun = batch::begin_batch(conn, Begin::in_sequence(), &HANDLER, 1, Ok(Vec::new()));
+    let keys = batch::BatchKeys::new(&[()]).finish();
+    let begun = batch::begin_batch(Begin::in_sequence(), keys, conn, &HANDLER);
     if let Ok(batch) = begun.await {
         let _ = batch.close(conn, true).await;
     }

@@ -58,8 +58,8 @@ mod verdict;
 
 pub use backend::InboxBackend;
 pub use batch::{
-    BatchClosed, BatchClosing, BatchOutcome, BatchParameter, BatchStopped, InBatch, OwnedBatch,
-    batch_keys, batch_messages, begin_batch, owned_batch,
+    BatchClosed, BatchClosing, BatchKeys, BatchOutcome, BatchParameter, BatchStopped, InBatch,
+    MessageIds, OwnedBatch, batch_key_fn, batch_messages, begin_batch, owned_batch,
 };
 pub use begin::{Begin, BeginInSequence, BeginPipelined, BeginProbe};
 #[doc(hidden)]

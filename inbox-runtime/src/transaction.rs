@@ -46,8 +46,8 @@ use crate::verdict::HandlerErrorType;
 /// so that they are compiled once per connection type, not once per handler; they are
 /// `Send`, so the handler's future is `Send` exactly when its body's is.
 pub fn begin_transaction<'c, C>(
-    conn: &'c mut C,
     begin: Begin<C>,
+    conn: &'c mut C,
     handler: &'static Handler,
     message_id: Result<String, InvalidKey>,
     fast_path: FastPath,

@@ -1,6 +1,7 @@
 //! Batch handlers take what a plain `async fn` takes: a `mut` batch the body sorts, a
 //! `&mut [M]` batch beside a connection of another name, key closures in every form a
-//! closure may have (`move`, typed, with a return type, with an early `return`) and a
+//! closure may have (`move`, typed, with a return type, with an early `return`, with a
+//! loop of its own that it `break`s, borrowing a field, using the connection) and a
 //! function's path.
 #![deny(warnings)]
 
@@ -66,6 +67,41 @@ async fn early_return_key(conn: &mut AsyncPgConnection, msgs: &[Msg]) -> Result<
     Ok(())
 }
 
+#[idempotent(consumer = "field_key_batch", batch = msgs, key = |msg| msg.name)]
+async fn field_key(conn: &mut AsyncPgConnection, msgs: &[Msg]) -> Result<(), Error> {
+    let _ = (conn, msgs);
+    Ok(())
+}
+
+#[idempotent(
+    consumer = "breaking_key_batch",
+    batch = msgs,
+    key = |msg| {
+        let mut prefix = 0_u64;
+        for character in msg.name.chars() {
+            if character == '-' {
+                break;
+            }
+            prefix += 1;
+        }
+        (prefix, msg.id)
+    }
+)]
+async fn breaking_key(conn: &mut AsyncPgConnection, msgs: &[Msg]) -> Result<(), Error> {
+    let _ = (conn, msgs);
+    Ok(())
+}
+
+fn backend_name(_: &mut AsyncPgConnection) -> &'static str {
+    "pg"
+}
+
+#[idempotent(consumer = "connection_key_batch", batch = msgs, key = |msg| (backend_name(conn), msg.id))]
+async fn connection_key(conn: &mut AsyncPgConnection, msgs: &[Msg]) -> Result<(), Error> {
+    let _ = (conn, msgs);
+    Ok(())
+}
+
 /// The parameter is named inside the macro, `conn = $c` by its caller.
 macro_rules! named_connection {
     ($c:ident) => {
@@ -91,6 +127,9 @@ fn main() {
         typed_key,
         path_key,
         early_return_key,
+        field_key,
+        breaking_key,
+        connection_key,
         macro_conn,
     );
 }

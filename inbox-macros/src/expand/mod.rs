@@ -53,7 +53,15 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     // Named rather than `allow(unused_variables)`, which `forbid(warnings)` would
     // reject.
     let unused_connection = claim.is_some().then(|| quote!(let _ = &#conn;));
-    let connection_value = format_ident!("__inbox_connection", span = Span::mixed_site());
+    // The steps' binding of the connection: the parameter itself, renamed apart, when it
+    // is a `&mut` borrow, else a borrow taken of it.
+    let connection = Hidden::of(&conn);
+    let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
+    let connection_value = match &borrow {
+        None => connection.hidden.clone(),
+        Some(_) => format_ident!("__inbox_connection", span = Span::mixed_site()),
+    };
+    let borrow = borrow.map(|borrow| quote!(let #connection_value = #borrow;));
     let new_messages = format_ident!("__inbox_new_messages", span = Span::mixed_site());
     let messages = batch::body_binding(batch.as_ref(), messages_mut, &new_messages);
     // Not `move`: the parameters stay in the handler's frame, so the body's writes land
@@ -139,12 +147,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     ));
     // Spanned at the connection parameter: what the steps require of the connection (an
     // async connection, a supported backend) is reported there.
-    let connection = Hidden::of(&conn);
     connection.rename_in(&mut function.sig);
-    let borrow = connection_borrow(&krate, &connection, connection_type(&function.sig, &conn));
-    let begin_value = format_ident!("__inbox_begin", span = Span::mixed_site());
-    // Claim mode begins no transaction around the body.
-    let begin = (!claim_mode).then(|| begin(&krate, &connection, &begin_value));
+    let begin = begin(&krate, &connection_value);
     let renamed = Renamed { connection, moved };
     let (encode, mode, fingerprint) = (
         renamed.reach(encode),
@@ -164,7 +168,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
             &krate,
             &renamed,
             &connection_value,
-            &begin_value,
+            &begin,
             &registration,
             &new_messages,
             &steps,
@@ -191,8 +195,8 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         } else {
             quote_spanned!(conn.span()=>
                 #krate::__private::begin_transaction(
+                    #begin,
                     #connection,
-                    #begin_value,
                     &#registration,
                     #message_id,
                     #mode_value,
@@ -206,7 +210,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
     let run = quote! {
         let #error_type_value = #error_type;
         #prepare
-        let #connection_value = #borrow;
+        #borrow
         let mut #steps = match #begin_call.await {
             ::core::result::Result::Ok(steps) => steps,
             ::core::result::Result::Err(stopped) => return stopped.finish(&#error_type_value),
@@ -228,7 +232,6 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         static #registration: #krate::__private::Handler =
             #krate::__private::Handler::new(#registered);
         #krate::__private::register_handler!(#registration);
-        #begin
         #run
     };
     // The body's braces stand where the user's do, so that a suggestion that wraps the
@@ -251,6 +254,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
 /// renamed apart, with the expansion's hygiene, at its own place. The block's binding
 /// then shadows none of the user's, which `clippy::shadow_unrelated` would report, and
 /// rustdoc still shows the name as written.
+#[derive(Clone)]
 pub(crate) struct Hidden {
     /// The name as written, which the user's expressions use; placed where the
     /// parameter is.
@@ -306,6 +310,18 @@ pub(crate) struct Renamed {
 }
 
 impl Renamed {
+    /// These parameters, the connection reached through `binding`, the steps' binding
+    /// of it, which takes the signature's.
+    pub(crate) fn through(&self, binding: &Ident) -> Self {
+        Self {
+            connection: Hidden {
+                visible: self.connection.visible.clone(),
+                hidden: binding.clone(),
+            },
+            moved: self.moved.clone(),
+        }
+    }
+
     /// `expression`, where each of these parameters it names is visible under its name
     /// as written.
     pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
@@ -379,43 +395,40 @@ fn connection_type<'a>(sig: &'a Signature, conn: &Ident) -> Option<&'a Type> {
     })
 }
 
-/// How the first step begins the transaction, picked by autoref on the connection
-/// parameter's type: a PostgreSQL connection named as such pipelines BEGIN with the
-/// marker insert. Evaluated before the steps borrow the connection, and spanned in the
-/// expansion, where no lint about the `&&&` reaches the user's code.
-fn begin(krate: &syn::Path, connection: &Hidden, value: &Ident) -> TokenStream {
-    let hidden = &connection.hidden;
-    quote!(
-        let #value = {
-            use #krate::__private::{BeginInSequence as _, BeginPipelined as _};
-            (&&&#krate::__private::BeginProbe::of(&#hidden)).begin()
-        };
-    )
+/// How the first step begins the transaction, picked by autoref on the type of the
+/// steps' binding of the connection, the parameter's own: a PostgreSQL connection named
+/// as such pipelines BEGIN with the marker insert. The step's first argument, evaluated
+/// before the steps borrow the connection, and spanned in the expansion, where no lint
+/// about the `&&&` reaches the user's code.
+fn begin(krate: &syn::Path, connection: &Ident) -> TokenStream {
+    quote!({
+        use #krate::__private::{BeginInSequence as _, BeginPipelined as _};
+        (&&&#krate::__private::BeginProbe::of(&#connection)).begin()
+    })
 }
 
-/// The `&mut` borrow the steps take. A parameter not written as `&mut` is named by its type,
-/// spanned there: a connection taken by value is then reported at that type, where
-/// rustc's "consider mutably borrowing" suggestion puts the `&mut` the signature needs
-/// (passed as an argument, it would be reported at the binding, with `mut &mut conn`).
-fn connection_borrow(krate: &syn::Path, connection: &Hidden, ty: Option<&Type>) -> TokenStream {
-    let Hidden {
-        visible: conn,
-        hidden,
-    } = connection;
+/// The `&mut` borrow the steps take of a parameter not written as `&mut` (one that is
+/// needs none). Named by its type, spanned there: a connection taken by value is then
+/// reported at that type, where rustc's "consider mutably borrowing" suggestion puts the
+/// `&mut` the signature needs (passed as an argument, it would be reported at the
+/// binding, with `mut &mut conn`).
+fn connection_borrow(
+    krate: &syn::Path,
+    connection: &Hidden,
+    ty: Option<&Type>,
+) -> Option<TokenStream> {
+    let hidden = &connection.hidden;
     match ty.map(ungroup) {
-        Some(Type::Reference(reference)) if reference.mutability.is_some() => {
-            let krate = at(krate, conn.span());
-            quote_spanned!(conn.span()=> #krate::__private::ConnectionParameter::borrow(#hidden))
-        }
+        Some(Type::Reference(reference)) if reference.mutability.is_some() => None,
         Some(ty) => {
             // Every token at one place, so that the bound's two checks (the path's and
             // the call's) report one error there, not two of different extents.
             let span = ty.span();
             let ty = respanned(quote!(#ty), span);
             let krate = at(krate, span);
-            quote_spanned!(span=>
+            Some(quote_spanned!(span=>
                 <#ty as #krate::__private::ConnectionParameter<'_>>::borrow(#hidden)
-            )
+            ))
         }
         None => unreachable!("validation found the connection parameter"),
     }
