@@ -475,6 +475,47 @@ async fn business_conflicts_are_classified_on_the_cluster() {
     cluster.cleanup().await;
 }
 
+/// On a cluster the upgrade's `ALTER` runs in total order: the index ends on the digest
+/// on every node, with every marker, and nothing else of the upgrade is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_upgrade_on_a_cluster_reaches_every_node() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(cluster) = create("upgrade").await else {
+        return;
+    };
+    bounded(async {
+        cluster.create_tables(1).await;
+        let mut admin = cluster.connect().await;
+        admin
+            .batch_execute(
+                "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer, DROP COLUMN key_digest, \
+                 ADD UNIQUE INDEX ux_inbox_message_consumer (message_id, consumer); \
+                 INSERT INTO inbox (message_id, consumer) SELECT UUID(), 'credit' FROM seq_1_to_1000",
+            )
+            .await
+            .unwrap();
+        let upgrade = diesel_inbox::upgrade_unique_index(&mut admin).await;
+        assert_eq!(upgrade, Ok(diesel_inbox::schema::IndexUpgrade::Rebuilt));
+        for node in 0..3 {
+            let mut conn = cluster.node(node).await.unwrap();
+            conn.batch_execute("SET SESSION wsrep_sync_wait = 1").await.unwrap();
+            let on_digest = "SELECT COUNT(*) FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+                 AND index_name = 'ux_inbox_message_consumer' AND column_name = 'key_digest'";
+            assert_eq!(select_i64(&mut conn, on_digest).await, Ok(1), "node {node}");
+            let left = "SELECT (SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name LIKE 'diesel_inbox_%') \
+                 + (SELECT COUNT(*) FROM information_schema.triggers \
+                 WHERE trigger_schema = DATABASE())";
+            assert_eq!(select_i64(&mut conn, left).await, Ok(0), "node {node}");
+            let markers = "SELECT COUNT(*) FROM inbox";
+            assert_eq!(select_i64(&mut conn, markers).await, Ok(1000), "node {node}");
+        }
+    })
+    .await;
+    cluster.cleanup().await;
+}
+
 /// Credits account 0, then leaves the crate's COMMIT a transaction that is not the
 /// marker's, with a savepoint of the crate's name in it: what a node leaves when another
 /// node's commit aborts the transaction while the crate's `RELEASE SAVEPOINT` runs. The

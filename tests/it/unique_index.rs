@@ -27,6 +27,15 @@ where
     common::apply(conn, credit).await
 }
 
+#[idempotent(consumer = "upgrade-claimed", key = credit.message_id.as_str(), claim)]
+async fn claimed_during_upgrade<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    common::apply(conn, credit).await
+}
+
 /// What each backend's test needs written in its own SQL.
 struct Dialect {
     /// Makes every two keys whose digests start with the same byte collide.
@@ -241,14 +250,16 @@ fn markers_before_upgrade() -> i64 {
 }
 
 /// An inbox of 0.2, its index on both texts and full of markers, upgrades while four
-/// handlers deliver new messages and redeliver old ones: every message is processed
-/// once, each redelivery is a duplicate, before, during and after the swap, and the
-/// index ends on the digest. The longest handler call is printed; the bench measures.
+/// handlers deliver new messages and redeliver old ones, and a claim-mode handler
+/// claims and completes others: every message is processed once, each redelivery is a
+/// duplicate, before, during and after the swap, and the index ends on the digest. The
+/// longest handler call is printed; the bench measures.
 async fn a_full_inbox_of_0_2_upgrades_while_handlers_run<D>(db: D, dialect: &Dialect)
 where
     D: TestDb + Clone + Send + Sync + 'static,
 {
-    common::create_tables(&db, 4).await;
+    // Accounts 0 to 3 for the transactional handlers, 4 for the claim-mode one.
+    common::create_tables(&db, 5).await;
     let mut admin = db.connect().await;
     let markers = markers_before_upgrade();
     let back_to_0_2 = dialect
@@ -282,6 +293,22 @@ where
             })
         })
         .collect();
+    // A claim's completion updates its marker: one completed while the upgrade copies
+    // must not be found still claimed afterwards.
+    let claims = {
+        let (db, stop) = (db.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut conn = db.connect().await;
+            let mut processed = 0;
+            while !stop.load(Ordering::Relaxed) || processed < 50 {
+                let message = Credit::of(&format!("c-{processed}"), 4);
+                let outcome = claimed_during_upgrade(&mut conn, &message).await;
+                assert_eq!(outcome, Ok(Outcome::Processed(())), "{message:?}");
+                processed += 1;
+            }
+            processed
+        })
+    };
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -298,9 +325,15 @@ where
         total += processed;
         longest = longest.max(slowest);
     }
+    let claimed = bounded(claims).await.expect("the claim-mode task");
+    for processed in 0..claimed {
+        let again = Credit::of(&format!("c-{processed}"), 4);
+        let outcome = claimed_during_upgrade(&mut admin, &again).await;
+        assert_eq!(outcome, Ok(Outcome::Duplicate), "{again:?}");
+    }
     eprintln!(
-        "upgraded {markers} markers in {took:?}; {total} messages meanwhile, the longest \
-         call {longest:?}"
+        "upgraded {markers} markers in {took:?}; {total} messages and {claimed} claims \
+         meanwhile, the longest call {longest:?}"
     );
     assert_eq!(select_i64(&mut admin, index).await, Ok(1));
     assert_eq!(
@@ -310,7 +343,9 @@ where
     );
     let delivered = "SELECT COUNT(*) FROM inbox WHERE message_id LIKE 'u%'";
     assert_eq!(select_i64(&mut admin, delivered).await, Ok(total));
-    assert_eq!(common::balances(&db, 4).await.iter().sum::<i64>(), total);
+    let balances = common::balances(&db, 5).await;
+    assert_eq!(balances[..4].iter().sum::<i64>(), total);
+    assert_eq!(balances[4], claimed);
     assert_eq!(
         diesel_inbox::upgrade_unique_index(&mut admin).await,
         Ok(IndexUpgrade::Current)
