@@ -46,6 +46,9 @@ struct Dialect {
     on_digest: &'static str,
     /// Counts the inbox's indexes.
     indexes: &'static str,
+    /// Counts what an upgrade cut short may leave: an index not yet valid, a copy, a
+    /// trigger.
+    leftovers: &'static str,
     /// Whether the marker that the weakened index takes for a collision's is found by
     /// its digest, as a real collision's is. MySQL's index can only be weakened to a
     /// prefix of the digest, which the lookup by the whole digest does not meet: the
@@ -72,6 +75,8 @@ const POSTGRES: Dialect = Dialect {
          AND refclassid = 'pg_proc'::regclass \
          AND refobjid = to_regprocedure('inbox_key_digest(text,text)')",
     indexes: "SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass('inbox')",
+    leftovers: "SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass('inbox') \
+         AND NOT indisvalid",
     finds_the_holder: true,
 };
 
@@ -87,6 +92,10 @@ const MYSQL: Dialect = Dialect {
          AND index_name = 'ux_inbox_message_consumer' AND column_name = 'key_digest'",
     indexes: "SELECT COUNT(DISTINCT index_name) FROM information_schema.statistics \
          WHERE table_schema = DATABASE() AND table_name = 'inbox'",
+    leftovers: "SELECT (SELECT COUNT(*) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name LIKE 'diesel\\_inbox\\_%') \
+         + (SELECT COUNT(*) FROM information_schema.triggers \
+         WHERE trigger_schema = DATABASE())",
     finds_the_holder: false,
 };
 
@@ -115,6 +124,20 @@ async fn postgres_a_full_inbox_of_0_2_upgrades_while_handlers_run() {
 async fn mysql_a_full_inbox_of_0_2_upgrades_while_handlers_run() {
     if let Some(db) = mysql::create("upgrade_index").await {
         a_full_inbox_of_0_2_upgrades_while_handlers_run(db, &MYSQL).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_upgrade_cut_short_is_finished_by_the_next() {
+    if let Some(db) = postgres::create("upgrade_cut_short").await {
+        an_upgrade_cut_short_is_finished_by_the_next(db, &POSTGRES).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_an_upgrade_cut_short_is_finished_by_the_next() {
+    if let Some(db) = mysql::create("upgrade_cut_short").await {
+        an_upgrade_cut_short_is_finished_by_the_next(db, &MYSQL).await;
     }
 }
 
@@ -242,6 +265,70 @@ async fn a_digest_collision_is_an_error_never_a_duplicate<D: TestDb>(db: D, dial
 }
 
 /// Markers in the inbox before the upgrade, where the CI's short run overrides it.
+/// An upgrade whose call is dropped partway, its connection closed, while a handler
+/// runs, is finished by the next call: the index ends on the digest, nothing of the
+/// first call is left, and every message is processed once.
+async fn an_upgrade_cut_short_is_finished_by_the_next<D>(db: D, dialect: &Dialect)
+where
+    D: TestDb + Clone + Send + Sync + 'static,
+{
+    common::create_tables(&db, 1).await;
+    let mut admin = db.connect().await;
+    let back_to_0_2 = dialect.back_to_0_2.replace("{markers}", "200000");
+    admin.batch_execute(&back_to_0_2).await.unwrap();
+    diesel_inbox::migrate(&mut admin).await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (db, stop) = (db.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut conn = db.connect().await;
+            let mut processed = 0;
+            while !stop.load(Ordering::Relaxed) || processed < 50 {
+                let message = Credit::of(&format!("u-{processed}"), 0);
+                let outcome = common::credit(&mut conn, &message).await;
+                assert_eq!(outcome, Ok(Outcome::Processed(())), "{message:?}");
+                let again = Credit::of(&format!("u-{}", processed / 2), 0);
+                let outcome = common::credit(&mut conn, &again).await;
+                assert_eq!(outcome, Ok(Outcome::Duplicate), "{again:?}");
+                processed += 1;
+            }
+            processed
+        })
+    };
+
+    // A tenth of a second: the copy, or the index build, is under way.
+    let mut cut_short = db.connect().await;
+    let first = tokio::time::timeout(
+        Duration::from_millis(100),
+        diesel_inbox::upgrade_unique_index(&mut cut_short),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "the first call was still running when dropped"
+    );
+    drop(cut_short);
+    let second = bounded(diesel_inbox::upgrade_unique_index(&mut admin)).await;
+    assert_eq!(second, Ok(IndexUpgrade::Rebuilt));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let processed = bounded(handler).await.expect("the handler task");
+
+    assert_eq!(select_i64(&mut admin, dialect.on_digest).await, Ok(1));
+    assert_eq!(select_i64(&mut admin, dialect.leftovers).await, Ok(0));
+    let delivered = "SELECT COUNT(*) FROM inbox WHERE message_id LIKE 'u-%'";
+    assert_eq!(select_i64(&mut admin, delivered).await, Ok(processed));
+    let markers = "SELECT COUNT(*) FROM inbox";
+    assert_eq!(
+        select_i64(&mut admin, markers).await,
+        Ok(200_000 + processed)
+    );
+    assert_eq!(common::balances(&db, 1).await, vec![processed]);
+    drop(admin);
+    db.cleanup().await;
+}
+
 fn markers_before_upgrade() -> i64 {
     std::env::var("INBOX_UPGRADE_MARKERS")
         .ok()
@@ -312,7 +399,11 @@ where
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
-    let upgrade = bounded(diesel_inbox::upgrade_unique_index(&mut admin)).await;
+    // Two minutes, and one more for each million markers in a long run.
+    let bound = Duration::from_secs(120 + 60 * u64::try_from(markers / 1_000_000).unwrap_or(0));
+    let upgrade = tokio::time::timeout(bound, diesel_inbox::upgrade_unique_index(&mut admin))
+        .await
+        .expect("the upgrade did not finish in time");
     let took = started.elapsed();
     assert_eq!(upgrade, Ok(IndexUpgrade::Rebuilt));
     tokio::time::sleep(Duration::from_millis(300)).await;

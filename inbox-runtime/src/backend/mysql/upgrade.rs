@@ -4,8 +4,6 @@
 //! The statements work with either index (see `markers.rs`), so an inbox can run on
 //! 0.2's until [`upgrade_unique_index`] swaps it.
 
-use std::time::Duration;
-
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Bool};
@@ -19,21 +17,17 @@ const ADD_DIGEST_COLUMN: &str =
 const SWAP_INDEX: &str =
     include_str!("../../../migrations/mysql/2026-12-05-000001_key_digest_index/up.sql");
 
-/// Attempts at the swap, each waiting at most a second for the table's metadata lock,
-/// before the upgrade reports the time-out.
-const SWAP_ATTEMPTS: u32 = 30;
-
 /// What the session sees of the digest: its column, and whether the unique index is on
 /// it.
 #[derive(diesel::QueryableByName)]
-struct DigestState {
+pub(super) struct DigestState {
     #[diesel(sql_type = Bool)]
     column: bool,
     #[diesel(sql_type = Bool)]
-    index: bool,
+    pub(super) index: bool,
 }
 
-async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
+pub(super) async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
@@ -84,10 +78,9 @@ where
     }
 }
 
-/// Replaces 0.2's unique index by the digest's in one online `ALTER TABLE`, which
-/// builds the new index while inserts go on. It waits for the table's metadata lock at
-/// its start and end, and statements on the table queue behind it while it waits: a
-/// one-second `lock_wait_timeout` bounds that wait, and the swap is tried again.
+/// Replaces 0.2's unique index by the digest's while handlers run: by a copy of the
+/// inbox (`rebuild.rs`) on a MariaDB server of its own, else by one online `ALTER
+/// TABLE`.
 pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
 where
     C: AsyncConnection<Backend = Mysql>,
@@ -96,52 +89,24 @@ where
     if digest_state(conn).await?.index {
         return Ok(IndexUpgrade::Current);
     }
+    if !super::rebuild::takes_the_alter(conn).await? {
+        return super::rebuild::rebuild(conn).await;
+    }
     swap(conn).await?;
     Ok(IndexUpgrade::Rebuilt)
 }
 
-/// [`SWAP_INDEX`], under a one-second `lock_wait_timeout` set for it alone.
+/// [`SWAP_INDEX`], one online `ALTER TABLE`, which builds the new index while inserts go
+/// on. It waits for the table's metadata lock at its start and end, and statements on
+/// the table queue behind it while it waits: a one-second `lock_wait_timeout` bounds
+/// that wait, and the swap is tried again.
 async fn swap<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    conn.batch_execute(
-        "SET @diesel_inbox_lock_wait_timeout = @@SESSION.lock_wait_timeout, \
-         SESSION lock_wait_timeout = 1",
-    )
-    .await?;
-    let swapped = swap_within_timeout(conn).await;
-    let restored = conn
-        .batch_execute(
-            "SET SESSION lock_wait_timeout = @diesel_inbox_lock_wait_timeout, \
-             @diesel_inbox_lock_wait_timeout = NULL",
-        )
-        .await;
-    swapped.and(restored)
-}
-
-async fn swap_within_timeout<C>(conn: &mut C) -> QueryResult<()>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    let mut attempt = 1;
-    loop {
-        match conn.batch_execute(SWAP_INDEX).await {
-            Ok(()) => return Ok(()),
-            // A concurrent swap got there first.
-            Err(_) if digest_state(conn).await?.index => return Ok(()),
-            Err(error) if attempt < SWAP_ATTEMPTS && is_transient(&error) => {}
-            Err(error) => return Err(error),
-        }
-        attempt += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    match super::rebuild::with_short_lock_waits(conn, SWAP_INDEX).await {
+        // A concurrent swap got there first.
+        Err(_) if digest_state(conn).await?.index => Ok(()),
+        result => result,
     }
-}
-
-/// A metadata lock wait that timed out, or another wait worth trying again.
-fn is_transient(error: &diesel::result::Error) -> bool {
-    matches!(
-        error,
-        diesel::result::Error::DatabaseError(_, info) if super::is_transient(info.message())
-    )
 }

@@ -31,6 +31,12 @@ const SWAP_LOCK_TIMEOUT: &str = "1s";
 /// Attempts at the swap before the upgrade reports the lock time-out.
 const SWAP_ATTEMPTS: u32 = 30;
 
+/// Lets one upgrade run at a time, and a call after one cut short wait for the server to
+/// end the statement the first left running (a build whose client is gone runs to its
+/// end): two builds, or a build and the drop of the other's unfinished index, wait for
+/// each other until PostgreSQL aborts one as a deadlock. The value spells "inboxupg".
+const UPGRADE_LOCK: i64 = 0x696e_626f_7875_7067;
+
 /// What the session sees of the digest: its function, and whether the unique index is on
 /// it.
 #[derive(diesel::QueryableByName)]
@@ -88,8 +94,65 @@ where
 ///    locks, and tries again after a pause when it times out;
 /// 3. drops the old index `CONCURRENTLY`.
 ///
-/// Each step can be run again: an upgrade cut short is finished by the next call.
+/// Each step can be run again: an upgrade cut short is finished by the next call, once
+/// the server has ended what the first left running ([`UPGRADE_LOCK`]).
 pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    take_upgrade_lock(conn).await?;
+    let upgrade = upgrade_locked(conn).await;
+    let unlocked = release_upgrade_lock(conn).await;
+    let upgrade = upgrade?;
+    unlocked.map(|()| upgrade)
+}
+
+/// Releases [`UPGRADE_LOCK`] as often as this session holds it: a call cut short on
+/// this connection left it taken once more.
+async fn release_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Released {
+        #[diesel(sql_type = Bool)]
+        released: bool,
+    }
+    let unlock = format!("SELECT pg_advisory_unlock({UPGRADE_LOCK}) AS released");
+    while diesel::sql_query(&unlock)
+        .get_result::<Released>(conn)
+        .await?
+        .released
+    {}
+    Ok(())
+}
+
+/// Takes [`UPGRADE_LOCK`], trying every second for an hour at most. Tried rather than
+/// waited for: a statement waiting for it would hold a snapshot, which the build it
+/// waits for waits for in turn.
+async fn take_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Taken {
+        #[diesel(sql_type = Bool)]
+        taken: bool,
+    }
+    let try_lock = format!("SELECT pg_try_advisory_lock({UPGRADE_LOCK}) AS taken");
+    for _ in 0..3600 {
+        let Taken { taken } = diesel::sql_query(&try_lock).get_result(conn).await?;
+        if taken {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(diesel::result::Error::QueryBuilderError(
+        "another diesel-inbox upgrade held the inbox's upgrade lock for an hour".into(),
+    ))
+}
+
+async fn upgrade_locked<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
