@@ -275,6 +275,8 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 #[cfg(feature = "mysql")]
 mod claims;
 #[cfg(feature = "mysql")]
+mod ddl;
+#[cfg(feature = "mysql")]
 mod markers;
 #[cfg(feature = "mysql")]
 mod outbox;

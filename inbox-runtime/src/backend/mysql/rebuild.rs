@@ -24,15 +24,14 @@
 //!
 //! MariaDB only (`CREATE OR REPLACE TRIGGER`); MySQL and Galera nodes take the `ALTER`.
 
-use std::time::Duration;
-
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::Error;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::schema::{INDEX_NAME, IndexUpgrade};
+use super::ddl::{LOCK_ATTEMPTS, number, with_short_lock_waits};
+use crate::schema::INDEX_NAME;
 
 /// The copy of the inbox that takes the inbox's name.
 const COPY: &str = "diesel_inbox_upgrading";
@@ -61,49 +60,12 @@ const BULK_CHUNK: i64 = 20_000;
 /// Changed rows copied again per transaction, which holds shared locks on them.
 const CHANGED_CHUNK: i64 = 1_000;
 
-/// The named lock that lets one upgrade run at a time on a server.
-const UPGRADE_LOCK: &str = "diesel_inbox_upgrade";
-
-/// Attempts at a statement that waits for a lock, each for a second at most, before the
-/// upgrade reports the time-out.
-const LOCK_ATTEMPTS: u32 = 30;
-
 /// Replaces 0.2's inbox by a copy with the digest's unique index, while handlers run.
-/// One upgrade at a time: a second waits for the first, then finds the index current.
-pub(super) async fn rebuild<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+/// The caller holds the upgrade's lock, and found the index not yet on the digest.
+pub(super) async fn rebuild<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let lock = format!("SELECT GET_LOCK('{UPGRADE_LOCK}', 3600) AS value");
-    if number(conn, &lock).await? != Some(1) {
-        return Err(Error::QueryBuilderError(
-            "another diesel-inbox upgrade held the inbox's upgrade lock for an hour".into(),
-        ));
-    }
-    let rebuilt = rebuild_locked(conn).await;
-    // As often as this session holds it: a call cut short on this connection left it
-    // taken once more.
-    let release = format!("SELECT RELEASE_LOCK('{UPGRADE_LOCK}') AS value");
-    let released = loop {
-        match number(conn, &release).await {
-            Ok(Some(1)) => {}
-            Ok(_) => break Ok(()),
-            Err(error) => break Err(error),
-        }
-    };
-    let rebuilt = rebuilt?;
-    released.map(|()| rebuilt)
-}
-
-async fn rebuild_locked<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    // Another upgrade may have finished while this one waited for the lock.
-    if super::upgrade::digest_state(conn).await?.index {
-        drop_retired(conn).await?;
-        return Ok(IndexUpgrade::Current);
-    }
     // What a call cut short left may have missed writes: start again.
     start_over(conn).await?;
     let copied = copy_and_swap(conn).await;
@@ -112,8 +74,7 @@ where
         let _explained_by_copied = start_over(conn).await;
     }
     copied?;
-    drop_retired(conn).await?;
-    Ok(IndexUpgrade::Rebuilt)
+    drop_leftovers(conn).await
 }
 
 async fn copy_and_swap<C>(conn: &mut C) -> QueryResult<()>
@@ -292,8 +253,8 @@ where
 }
 
 /// Drops 0.2's inbox, with its triggers, and the record of changed rows, once the copy
-/// has the inbox's name.
-async fn drop_retired<C>(conn: &mut C) -> QueryResult<()>
+/// has the inbox's name (by a call cut short after the rename, too).
+pub(super) async fn drop_leftovers<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
@@ -301,59 +262,11 @@ where
         .await
 }
 
-/// `statement`, which waits for the inbox's metadata lock while statements on the
-/// inbox queue behind it: under a one-second `lock_wait_timeout`, tried again after a
-/// pause that lets the queue drain.
-pub(super) async fn with_short_lock_waits<C>(conn: &mut C, statement: &str) -> QueryResult<()>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    conn.batch_execute(
-        "SET @diesel_inbox_lock_wait_timeout = @@SESSION.lock_wait_timeout, \
-         SESSION lock_wait_timeout = 1",
-    )
-    .await?;
-    let mut attempt = 1;
-    let done = loop {
-        match conn.batch_execute(statement).await {
-            Err(Error::DatabaseError(_, info))
-                if attempt < LOCK_ATTEMPTS && super::is_transient(info.message()) => {}
-            result => break result,
-        }
-        attempt += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let restored = conn
-        .batch_execute(
-            "SET SESSION lock_wait_timeout = @diesel_inbox_lock_wait_timeout, \
-             @diesel_inbox_lock_wait_timeout = NULL",
-        )
-        .await;
-    done.and(restored)
-}
-
-/// A number a query selects as `value`.
-#[derive(diesel::QueryableByName)]
-struct Number {
-    #[diesel(sql_type = Nullable<BigInt>)]
-    value: Option<i64>,
-}
-
 /// A text a query selects as `value`.
 #[derive(diesel::QueryableByName)]
 struct Words {
     #[diesel(sql_type = Nullable<Text>)]
     value: Option<String>,
-}
-
-async fn number<C>(conn: &mut C, query: &str) -> QueryResult<Option<i64>>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    Ok(diesel::sql_query(query)
-        .get_result::<Number>(conn)
-        .await?
-        .value)
 }
 
 /// Whether the upgrade is an `ALTER` here rather than a copy: on MySQL, which cannot

@@ -9,6 +9,7 @@ use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Bool};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use super::{ddl, rebuild};
 use crate::schema::{INDEX_NAME, IndexUpgrade};
 
 const ADD_DIGEST_COLUMN: &str =
@@ -20,14 +21,14 @@ const SWAP_INDEX: &str =
 /// What the session sees of the digest: its column, and whether the unique index is on
 /// it.
 #[derive(diesel::QueryableByName)]
-pub(super) struct DigestState {
+struct DigestState {
     #[diesel(sql_type = Bool)]
     column: bool,
     #[diesel(sql_type = Bool)]
-    pub(super) index: bool,
+    index: bool,
 }
 
-pub(super) async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
+async fn digest_state<C>(conn: &mut C) -> QueryResult<DigestState>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
@@ -87,12 +88,30 @@ where
 {
     migrate_key_digest(conn).await?;
     if digest_state(conn).await?.index {
+        rebuild::drop_leftovers(conn).await?;
         return Ok(IndexUpgrade::Current);
     }
-    if !super::rebuild::takes_the_alter(conn).await? {
-        return super::rebuild::rebuild(conn).await;
+    ddl::take_upgrade_lock(conn).await?;
+    let upgrade = upgrade_locked(conn).await;
+    let released = ddl::release_upgrade_lock(conn).await;
+    let upgrade = upgrade?;
+    released.map(|()| upgrade)
+}
+
+async fn upgrade_locked<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    // Another upgrade may have finished while this one waited for the lock.
+    if digest_state(conn).await?.index {
+        rebuild::drop_leftovers(conn).await?;
+        return Ok(IndexUpgrade::Current);
     }
-    swap(conn).await?;
+    if rebuild::takes_the_alter(conn).await? {
+        swap(conn).await?;
+    } else {
+        rebuild::rebuild(conn).await?;
+    }
     Ok(IndexUpgrade::Rebuilt)
 }
 
@@ -104,7 +123,7 @@ async fn swap<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    match super::rebuild::with_short_lock_waits(conn, SWAP_INDEX).await {
+    match ddl::with_short_lock_waits(conn, SWAP_INDEX).await {
         // A concurrent swap got there first.
         Err(_) if digest_state(conn).await?.index => Ok(()),
         result => result,
