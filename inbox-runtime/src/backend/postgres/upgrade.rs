@@ -113,17 +113,8 @@ async fn release_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
-    #[derive(diesel::QueryableByName)]
-    struct Released {
-        #[diesel(sql_type = Bool)]
-        released: bool,
-    }
-    let unlock = format!("SELECT pg_advisory_unlock({UPGRADE_LOCK}) AS released");
-    while diesel::sql_query(&unlock)
-        .get_result::<Released>(conn)
-        .await?
-        .released
-    {}
+    let unlock = format!("SELECT pg_advisory_unlock({UPGRADE_LOCK}) AS value");
+    while flag(conn, &unlock).await? {}
     Ok(())
 }
 
@@ -134,15 +125,9 @@ async fn take_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
-    #[derive(diesel::QueryableByName)]
-    struct Taken {
-        #[diesel(sql_type = Bool)]
-        taken: bool,
-    }
-    let try_lock = format!("SELECT pg_try_advisory_lock({UPGRADE_LOCK}) AS taken");
+    let try_lock = format!("SELECT pg_try_advisory_lock({UPGRADE_LOCK}) AS value");
     for _ in 0..3600 {
-        let Taken { taken } = diesel::sql_query(&try_lock).get_result(conn).await?;
-        if taken {
+        if flag(conn, &try_lock).await? {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -175,18 +160,11 @@ async fn build<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
-    #[derive(diesel::QueryableByName)]
-    struct Invalid {
-        #[diesel(sql_type = Bool)]
-        invalid: bool,
-    }
-    let Invalid { invalid } = diesel::sql_query(format!(
+    let invalid = format!(
         "SELECT COALESCE((SELECT NOT indisvalid FROM pg_index \
-         WHERE indexrelid = to_regclass('{BUILDING}')), false) AS invalid"
-    ))
-    .get_result(conn)
-    .await?;
-    if invalid {
+         WHERE indexrelid = to_regclass('{BUILDING}')), false) AS value"
+    );
+    if flag(conn, &invalid).await? {
         conn.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {BUILDING}"))
             .await?;
     }
@@ -233,4 +211,21 @@ fn is_lock_timeout(error: &diesel::result::Error) -> bool {
         diesel::result::Error::DatabaseError(_, info)
             if info.message().starts_with("canceling statement due to lock timeout")
     )
+}
+
+/// A truth a query selects as `value`.
+#[derive(diesel::QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    value: bool,
+}
+
+async fn flag<C>(conn: &mut C, query: &str) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::pg::Pg>,
+{
+    Ok(diesel::sql_query(query)
+        .get_result::<Flag>(conn)
+        .await?
+        .value)
 }
