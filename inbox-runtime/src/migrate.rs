@@ -31,23 +31,17 @@ where
 /// its own, outside any transaction.
 ///
 /// On MySQL/MariaDB the digest is a virtual column, `key_digest`, that `migrate` adds
-/// (instantly); the index on it takes about 43 bytes a marker against 86. On a MariaDB
-/// server the upgrade copies the inbox into a new table, `diesel_inbox_upgrading`, in
-/// the order of its ids and without the unique index, which it then builds in bulk
-/// there, where no handler writes; triggers on the inbox record the rows written
-/// meanwhile (in `diesel_inbox_changed`), then repeat each write into the copy while
-/// those rows are copied again; a `RENAME TABLE` puts the copy in the inbox's place,
-/// and 0.2's table is dropped. Handlers write a little more meanwhile, and never wait
-/// for the upgrade more than a second: each trigger and the rename wait for the table's
-/// metadata lock with a one-second `lock_wait_timeout`, and are tried again (10 million
-/// markers with the default 128 MiB buffer pool: 91 s, the longest handler call 0.33 s).
-/// The user it runs as needs the `TRIGGER` privilege. On MySQL, and on a Galera node,
-/// whose copy's locks would not hold on the other nodes, it is one online `ALTER TABLE
-/// … ALGORITHM = INPLACE, LOCK = NONE` instead, with the same one-second waits; at its
-/// end InnoDB applies the inserts made meanwhile to the new index while inserts wait
-/// (4.5 s at 10 million markers), and on Galera it runs in total order
-/// (`wsrep_OSU_method = TOI`), holding up writes to the table on every node while it
-/// builds: upgrade there at a quiet time.
+/// (instantly); the index on it takes about 43 bytes a marker against 86. The upgrade is
+/// one online `ALTER TABLE … ALGORITHM = INPLACE, LOCK = NONE`, which builds the new
+/// index while inserts go on. It waits for the table's metadata lock at its start and
+/// end, and statements on the table queue behind it meanwhile, so it runs with a
+/// one-second `lock_wait_timeout`, and tries again. At the end of the build InnoDB applies
+/// the inserts made during it to the new index while every insert into the table waits:
+/// on an inbox whose index outgrows the buffer pool that is a page read per insert made
+/// meanwhile (handlers stalled for 4.5 s at 10 million markers with the default 128 MiB
+/// pool). On a Galera cluster the `ALTER` runs in total order (`wsrep_OSU_method =
+/// TOI`) and holds up writes to the table on every node while it builds. Upgrade a large
+/// inbox, and any inbox on a cluster, at a quiet time.
 ///
 /// One upgrade runs at a time on a server: a second call waits for the first, an hour at
 /// most. A call cut short is finished by the next one, which waits for what the server

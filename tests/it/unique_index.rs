@@ -46,8 +46,8 @@ struct Dialect {
     on_digest: &'static str,
     /// Counts the inbox's indexes.
     indexes: &'static str,
-    /// Counts what an upgrade cut short may leave: an index not yet valid, a copy, a
-    /// trigger.
+    /// Counts what an upgrade cut short may leave: an index not yet valid, a table or a
+    /// trigger of the crate's.
     leftovers: &'static str,
     /// Whether the marker that the weakened index takes for a collision's is found by
     /// its digest, as a real collision's is. MySQL's index can only be weakened to a
@@ -309,8 +309,13 @@ where
         "the first call was still running when dropped"
     );
     drop(cut_short);
+    // The server may finish the first call's work on its own (MariaDB's `ALTER`), which
+    // the second then finds done; the index is checked below either way.
     let second = bounded(diesel_inbox::upgrade_unique_index(&mut admin)).await;
-    assert_eq!(second, Ok(IndexUpgrade::Rebuilt));
+    assert!(
+        matches!(second, Ok(IndexUpgrade::Rebuilt | IndexUpgrade::Current)),
+        "{second:?}"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::Relaxed);
     let processed = bounded(handler).await.expect("the handler task");

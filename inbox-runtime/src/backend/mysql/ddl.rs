@@ -12,7 +12,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 /// Attempts at a statement that waits for a lock, each for a second at most, before the
 /// upgrade reports the time-out.
-pub(super) const LOCK_ATTEMPTS: u32 = 30;
+const LOCK_ATTEMPTS: u32 = 30;
 
 /// The named lock that lets one upgrade run at a time on a server.
 const UPGRADE_LOCK: &str = "diesel_inbox_upgrade";

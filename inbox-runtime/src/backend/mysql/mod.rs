@@ -281,8 +281,6 @@ mod markers;
 #[cfg(feature = "mysql")]
 mod outbox;
 #[cfg(feature = "mysql")]
-mod rebuild;
-#[cfg(feature = "mysql")]
 mod statements;
 #[cfg(all(feature = "mysql", feature = "testing"))]
 pub(crate) mod testing;

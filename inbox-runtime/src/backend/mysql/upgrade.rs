@@ -6,10 +6,10 @@
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
-use diesel::sql_types::{BigInt, Bool};
+use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::{ddl, rebuild};
+use super::ddl;
 use crate::schema::{INDEX_NAME, IndexUpgrade};
 
 const ADD_DIGEST_COLUMN: &str =
@@ -62,16 +62,8 @@ where
     if state.index {
         return Ok(());
     }
-    #[derive(diesel::QueryableByName)]
-    struct Markers {
-        #[diesel(sql_type = BigInt)]
-        markers: i64,
-    }
-    let Markers { markers } =
-        diesel::sql_query("SELECT COUNT(*) AS markers FROM (SELECT 1 FROM inbox LIMIT 1) AS any")
-            .get_result(conn)
-            .await?;
-    if markers == 0 {
+    let any = "SELECT COUNT(*) AS value FROM (SELECT 1 FROM inbox LIMIT 1) AS any";
+    if ddl::number(conn, any).await? == Some(0) {
         swap(conn).await
     } else {
         crate::backend::warn_of_the_index_of_0_2(86, 43);
@@ -79,16 +71,14 @@ where
     }
 }
 
-/// Replaces 0.2's unique index by the digest's while handlers run: by a copy of the
-/// inbox (`rebuild.rs`) on a MariaDB server of its own, else by one online `ALTER
-/// TABLE`.
+/// Replaces 0.2's unique index by the digest's while handlers run, one upgrade at a
+/// time, by one online `ALTER TABLE`.
 pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
     migrate_key_digest(conn).await?;
     if digest_state(conn).await?.index {
-        rebuild::drop_leftovers(conn).await?;
         return Ok(IndexUpgrade::Current);
     }
     ddl::take_upgrade_lock(conn).await?;
@@ -104,14 +94,9 @@ where
 {
     // Another upgrade may have finished while this one waited for the lock.
     if digest_state(conn).await?.index {
-        rebuild::drop_leftovers(conn).await?;
         return Ok(IndexUpgrade::Current);
     }
-    if rebuild::takes_the_alter(conn).await? {
-        swap(conn).await?;
-    } else {
-        rebuild::rebuild(conn).await?;
-    }
+    swap(conn).await?;
     Ok(IndexUpgrade::Rebuilt)
 }
 
