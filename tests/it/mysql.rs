@@ -3,6 +3,7 @@
 use crate::common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::result::Error;
@@ -95,6 +96,10 @@ outbox_scenarios!(
         "SET sql_mode = 'TRADITIONAL,NO_BACKSLASH_ESCAPES'",
         "SET sql_mode = 'MSSQL'",
         "SET sql_mode = 'EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT'",
+        // The client's character set and the connection's apart: the server converts
+        // parameters from the one to the other.
+        "SET character_set_client = latin1",
+        "SET collation_connection = utf8mb3_general_ci",
     ],
 );
 batch_scenarios!(create, swallowed = "ROLLBACK");
@@ -113,6 +118,11 @@ key_scenarios!(
     };
     keys_are_stored_as_encoded => "SET NAMES utf8mb4",
     keys_are_stored_as_encoded_in_latin1 => "SET NAMES latin1",
+    // The client's character set and the connection's apart: the server converts text
+    // parameters from the one to the other.
+    keys_are_stored_as_encoded_with_a_latin1_connection => "SET character_set_connection = latin1",
+    keys_are_stored_as_encoded_with_a_utf8mb3_connection => "SET collation_connection = utf8mb3_general_ci",
+    keys_are_stored_as_encoded_from_a_latin1_client => "SET character_set_client = latin1",
 );
 
 impl MysqlDb {
@@ -489,6 +499,50 @@ async fn a_batch_never_trusts_an_uncommitted_marker() {
         .await;
         db.cleanup().await;
     }
+}
+
+/// Counts its calls, in claim mode.
+#[idempotent(consumer = "charset-claim", key = key, claim)]
+async fn record_claimed(
+    conn: &mut AsyncMysqlConnection,
+    key: &str,
+    calls: &AtomicUsize,
+) -> Result<(), Error> {
+    let _ = conn;
+    calls.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A claim-mode handler whose connection's character set differs from its client's:
+/// the server converts text parameters from the one to the other, so the claim's
+/// statements send keys as bytes. Each claim completes, and a redelivery on that
+/// session or another is a duplicate. (The key property tests cover the other forms.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_complete_whatever_the_connection_character_set() {
+    let Some(db) = create("claim_connection_charset").await else {
+        return;
+    };
+    bounded(async {
+        let calls = AtomicUsize::new(0);
+        let sessions = [
+            "SET character_set_connection = latin1",
+            "SET collation_connection = utf8mb3_general_ci",
+            "SET character_set_client = latin1",
+        ];
+        for (n, settings) in sessions.into_iter().enumerate() {
+            let key = format!("claim-{n}-é-日本-😀");
+            let mut conn = common::connect_with(&db, settings).await;
+            let first = record_claimed(&mut conn, &key, &calls).await;
+            assert_eq!(first, Ok(Outcome::Processed(())), "{settings}");
+            let again = record_claimed(&mut conn, &key, &calls).await;
+            assert_eq!(again, Ok(Outcome::Duplicate), "{settings}");
+            let elsewhere = record_claimed(&mut db.connect().await, &key, &calls).await;
+            assert_eq!(elsewhere, Ok(Outcome::Duplicate), "{settings}");
+        }
+        assert_eq!(calls.into_inner(), sessions.len());
+    })
+    .await;
+    db.cleanup().await;
 }
 
 /// MariaDB's snapshot isolation (`innodb_snapshot_isolation`, on by default from 11.6)

@@ -33,12 +33,13 @@ struct Interrupting {
 }
 
 impl Interrupting {
-    /// Whether `statement` is the single-row marker insert to interrupt.
+    /// Whether `statement` is the single-row marker insert to interrupt: its key is
+    /// bound as the hex digits of its bytes.
     fn interrupts(&self, statement: &str) -> bool {
         self.at.as_ref().is_some_and(|(key, _)| {
-            statement.starts_with("INSERT INTO `inbox`")
-                && statement.contains(&format!("\"{key}\""))
-                && statement.matches("(?, ?)").count() == 1
+            statement.starts_with("INSERT INTO inbox")
+                && statement.contains(&format!("\"{}\"", common::keys::utf8_hex(key)))
+                && statement.matches("(UNHEX(?), UNHEX(?))").count() == 1
         })
     }
 }

@@ -1,8 +1,10 @@
 //! The statements MySQL/MariaDB and SQLite both issue, as typed diesel queries.
 
+#[cfg(feature = "sqlite")]
 use diesel::dsl::insert_into;
 use diesel::prelude::*;
 
+#[cfg(feature = "sqlite")]
 use crate::schema::inbox;
 
 /// The marker's id, when there is one. Selecting the id alone keeps the statement to
@@ -17,6 +19,7 @@ pub(super) fn marker_row(message_id: String, consumer: &'static str) -> _ {
     )
 }
 
+#[cfg(feature = "sqlite")]
 #[diesel::dsl::auto_type]
 pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     insert_into(inbox::table).values((
@@ -25,6 +28,7 @@ pub(super) fn plain_insert(message_id: String, consumer: &'static str) -> _ {
     ))
 }
 
+#[cfg(feature = "sqlite")]
 #[diesel::dsl::auto_type]
 pub(super) fn fingerprinted_insert(
     message_id: String,
@@ -38,14 +42,17 @@ pub(super) fn fingerprinted_insert(
     ))
 }
 
-/// `text`'s bytes as hex digits, for a literal `X'…'` in a text batch: no byte of the
-/// caller's key can end the literal or change what the statement does.
+/// `text`'s bytes as hex digits, for a literal `X'…'` in a text batch, where no byte of
+/// the caller's key can end the literal or change what the statement does, or for a
+/// parameter that the statement unhexes (see `mysql/markers.rs`).
 #[cfg(feature = "mysql")]
-pub(crate) fn hex_digits(text: &str) -> String {
+pub(crate) fn hex_digits(text: impl AsRef<[u8]>) -> String {
     use std::fmt::Write as _;
 
-    text.bytes()
-        .fold(String::with_capacity(2 * text.len()), |mut hex, byte| {
+    let bytes = text.as_ref();
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut hex, byte| {
             write!(hex, "{byte:02X}").expect("writing to a String cannot fail");
             hex
         })
@@ -60,9 +67,37 @@ pub(crate) fn hex_digits(text: &str) -> String {
 /// statements each connection keeps prepared (MySQL's `max_prepared_stmt_count` is
 /// server-wide) and keeps far below every bind-parameter limit.
 pub(super) struct InsertMarkers {
-    pub(super) message_ids: Vec<String>,
-    pub(super) consumer: &'static str,
-    pub(super) suffix: &'static str,
+    /// The keys and the consumer as bound: as they are, or [`InsertMarkers::hex`]'s.
+    message_ids: Vec<String>,
+    consumer: String,
+    /// Whether each placeholder takes its text's bytes as hex digits (`UNHEX(?)`).
+    hex: bool,
+    suffix: &'static str,
+}
+
+impl InsertMarkers {
+    /// The keys and the consumer bound as text.
+    #[cfg(feature = "sqlite")]
+    pub(super) fn new(message_ids: Vec<String>, consumer: &str, suffix: &'static str) -> Self {
+        Self {
+            message_ids,
+            consumer: consumer.to_owned(),
+            hex: false,
+            suffix,
+        }
+    }
+
+    /// The keys and the consumer bound as the hex digits of their bytes, which no
+    /// character set conversion changes (see `mysql/markers.rs`).
+    #[cfg(feature = "mysql")]
+    pub(super) fn hex(message_ids: &[String], consumer: &str, suffix: &'static str) -> Self {
+        Self {
+            message_ids: message_ids.iter().map(hex_digits).collect(),
+            consumer: hex_digits(consumer),
+            hex: true,
+            suffix,
+        }
+    }
 }
 
 /// Most markers one [`InsertMarkers`] statement inserts: two bind parameters each, far
@@ -83,7 +118,6 @@ impl<DB> diesel::query_builder::QueryFragment<DB> for InsertMarkers
 where
     DB: diesel::backend::Backend,
     String: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
-    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
 {
     fn walk_ast<'b>(
         &'b self,
@@ -91,12 +125,17 @@ where
     ) -> QueryResult<()> {
         use diesel::sql_types::Text;
 
+        let (open, close) = if self.hex { ("UNHEX(", ")") } else { ("", "") };
         out.push_sql("INSERT INTO inbox (message_id, consumer) VALUES ");
         for (n, message_id) in self.message_ids.iter().enumerate() {
             out.push_sql(if n == 0 { "(" } else { ", (" });
+            out.push_sql(open);
             out.push_bind_param::<Text, String>(message_id)?;
+            out.push_sql(close);
             out.push_sql(", ");
-            out.push_bind_param::<Text, str>(self.consumer)?;
+            out.push_sql(open);
+            out.push_bind_param::<Text, String>(&self.consumer)?;
+            out.push_sql(close);
             out.push_sql(")");
         }
         out.push_sql(self.suffix);

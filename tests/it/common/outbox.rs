@@ -600,13 +600,22 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    // The second is empty: no routing key, no headers, no payload.
-    for payload in ["first", ""] {
-        let message = OutboxMessage::new("d", payload.as_bytes().to_vec()).ordering_key(key);
-        outbox::enqueue(conn, message).await?;
-    }
+    // The first's text is not ASCII and its payload not UTF-8, so that a session that
+    // converts parameters would show; the second is empty: no routing key, no headers,
+    // no payload.
+    let first = OutboxMessage::new("d-é", FIRST_PAYLOAD.to_vec())
+        .id(FIRST_ID)
+        .routing_key("r-日本")
+        .header("h", "ü")
+        .ordering_key(key);
+    outbox::enqueue(conn, first).await?;
+    outbox::enqueue(conn, OutboxMessage::new("d", Vec::new()).ordering_key(key)).await?;
     Ok(())
 }
+
+/// [`announce_twice`]'s first message's id and payload.
+const FIRST_ID: &str = "first-é-😀";
+const FIRST_PAYLOAD: &[u8] = &[b'f', 0xC3, 0xA9, 0xFF, 0x00, 0x80];
 
 /// Enqueues two messages of one ordering key, then takes, parks, requeues, sends,
 /// discards and prunes them, checking from a second session that each step committed.
@@ -639,7 +648,24 @@ pub async fn relay_steps_commit<D: TestDb>(db: &D, conn: &mut D::Conn, label: &s
         "{label}: the key's second waits for its first"
     );
     let first = taken.remove(0);
-    let row = first.message().row_id();
+    let message = first.message();
+    assert_eq!(
+        (
+            message.message_id(),
+            message.destination(),
+            message.routing_key()
+        ),
+        (FIRST_ID, "d-é", "r-日本"),
+        "{label}"
+    );
+    assert_eq!(message.ordering_key(), Some(label), "{label}");
+    assert_eq!(
+        message.headers(),
+        [("h".to_owned(), "ü".to_owned())],
+        "{label}"
+    );
+    assert_eq!(message.payload(), FIRST_PAYLOAD, "{label}");
+    let row = message.row_id();
     read(conn).await;
     assert!(
         first.park(conn, "probe").await.expect("park"),

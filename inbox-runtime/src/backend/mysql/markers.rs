@@ -5,6 +5,13 @@
 //! Every lookup by key names the digest and both texts, so that it finds its row
 //! through either index; and a 1062 on the index is confirmed by reading the key back,
 //! so that two keys with one digest are an error, never a duplicate.
+//!
+//! Keys and consumers go in as the hex digits of their UTF-8 bytes, turned back into
+//! bytes by the statement (`UNHEX(?)`), as the inserts' `X'…'` literals do: the server
+//! converts a text parameter from the session's `character_set_client` to its
+//! `character_set_connection`, which a session may set apart (`SET collation_connection
+//! = latin1_swedish_ci`), and the `VARBINARY` columns would then be compared with other
+//! bytes than they store. Hex digits are the same bytes in every character set.
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
@@ -13,26 +20,47 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::met_another_marker;
 use crate::backend::prepared::Prepared;
+use crate::backend::queries::hex_digits;
 use crate::schema::INDEX_NAME;
 
-/// The digest of the consumer and the key bound in the next two placeholders.
+/// A placeholder for text bound as [`hex_digits`]: the text's bytes.
+macro_rules! bytes_of_placeholder {
+    () => {
+        "UNHEX(?)"
+    };
+}
+pub(super) use bytes_of_placeholder;
+
+/// The digest of the consumer and the key bound in the next two placeholders, as
+/// [`hex_digits`].
 macro_rules! digest_of_placeholders {
     () => {
-        "UNHEX(LEFT(SHA2(CONCAT(?, 0x00, ?), 256), 32))"
+        concat!(
+            "UNHEX(LEFT(SHA2(CONCAT(",
+            bytes_of_placeholder!(),
+            ", 0x00, ",
+            bytes_of_placeholder!(),
+            "), 256), 32))"
+        )
     };
 }
 
 /// A key's row, by four placeholders that [`bind_key!`] fills: the key and the consumer,
 /// then the two again for the digest.
 pub(super) const BY_KEY: &str = concat!(
-    "WHERE message_id = ? AND consumer = ? AND key_digest = ",
+    "WHERE message_id = ",
+    bytes_of_placeholder!(),
+    " AND consumer = ",
+    bytes_of_placeholder!(),
+    " AND key_digest = ",
     digest_of_placeholders!()
 );
 
-/// Binds `$query`'s four placeholders of [`BY_KEY`] to the key and consumer, `String`s.
+/// Binds `$query`'s four placeholders of [`BY_KEY`] to the key and consumer.
 macro_rules! bind_key {
     ($query:expr, $message_id:expr, $consumer:expr) => {{
-        let (message_id, consumer): (String, String) = ($message_id, $consumer);
+        let message_id = $crate::backend::queries::hex_digits(&$message_id);
+        let consumer = $crate::backend::queries::hex_digits(&$consumer);
         $query
             .bind::<::diesel::sql_types::Text, _>(message_id.clone())
             .bind::<::diesel::sql_types::Text, _>(consumer.clone())
@@ -48,12 +76,34 @@ struct Found {
     found: bool,
 }
 
+/// Whether the key's marker is there, committed: the fast path's read, and a
+/// duplicate's confirmation. A locking read sees only committed rows at every
+/// isolation level, whatever snapshot the transaction holds, and waits for a
+/// transaction that holds the key; a plain read at READ UNCOMMITTED would see another
+/// delivery's marker before that delivery commits, or rolls back. (MariaDB has no
+/// `FOR SHARE`, which diesel's `for_share()` writes.)
+pub(super) async fn committed_marker_exists<C>(
+    conn: &mut C,
+    message_id: &str,
+    consumer: &str,
+) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    let query = Prepared(bind_key!(
+        diesel::sql_query(format!(
+            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY} LOCK IN SHARE MODE) AS found"
+        )),
+        message_id,
+        consumer
+    ));
+    let Found { found } = query.get_result(conn).await?;
+    Ok(found)
+}
+
 /// Confirms that an insert which failed with 1062 on the inbox's index met the key's own
 /// marker (`Ok`): the index may hold a digest, which another key can share. Another
 /// key's marker is a [`KeyCollision`](crate::KeyCollision), never a duplicate.
-///
-/// A locking read: it sees the latest committed marker at every isolation level, as
-/// the insert did, whatever snapshot the transaction holds.
 pub(super) async fn confirm_duplicate<C>(
     conn: &mut C,
     message_id: &str,
@@ -62,15 +112,7 @@ pub(super) async fn confirm_duplicate<C>(
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let query = Prepared(bind_key!(
-        diesel::sql_query(format!(
-            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY} LOCK IN SHARE MODE) AS found"
-        )),
-        message_id.to_owned(),
-        consumer.to_owned()
-    ));
-    let Found { found } = query.get_result(conn).await?;
-    if found {
+    if committed_marker_exists(conn, message_id, consumer).await? {
         return Ok(());
     }
     Err(collision(conn, message_id, consumer).await)
@@ -122,8 +164,8 @@ where
             digest_of_placeholders!(),
             " LOCK IN SHARE MODE"
         ))
-        .bind::<Text, _>(consumer)
-        .bind::<Text, _>(message_id),
+        .bind::<Text, _>(hex_digits(consumer))
+        .bind::<Text, _>(hex_digits(message_id)),
     )
     .load(conn)
     .await?;

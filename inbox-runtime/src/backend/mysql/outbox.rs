@@ -12,6 +12,7 @@ use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
 };
 use crate::backend::prepared::Prepared;
+use crate::backend::queries::hex_digits;
 use crate::backend::{enter_transaction, roll_back_for};
 
 /// A row's id, as the take reads it before updating.
@@ -54,18 +55,20 @@ impl OutboxStatements for Mysql {
                 // A locking read, of the latest rows: a key whose row was pruned
                 // starts after its unsent messages.
                 "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
-                 SELECT ?, COALESCE(MAX(ordering_seq), 0) + 1 FROM inbox_outbox \
-                 WHERE ordering_key = ? AND sent_at IS NULL \
+                 SELECT UNHEX(?), COALESCE(MAX(ordering_seq), 0) + 1 FROM inbox_outbox \
+                 WHERE ordering_key = UNHEX(?) AND sent_at IS NULL \
                  ON DUPLICATE KEY UPDATE last_seq = inbox_outbox_keys.last_seq + 1",
             )
-            .bind::<Text, _>(ordering_key.clone())
-            .bind::<Text, _>(ordering_key.clone()),
+            .bind::<Text, _>(hex_digits(&ordering_key))
+            .bind::<Text, _>(hex_digits(&ordering_key)),
         )
         .execute(conn)
         .await?;
         let LastSeq { last_seq } = Prepared(
-            diesel::sql_query("SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = ?")
-                .bind::<Text, _>(ordering_key),
+            diesel::sql_query(
+                "SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = UNHEX(?)",
+            )
+            .bind::<Text, _>(hex_digits(&ordering_key)),
         )
         .get_result(conn)
         .await?;
@@ -79,19 +82,24 @@ impl OutboxStatements for Mysql {
         let (ordering_key, ordering_seq) = message.ordering.unzip();
         Prepared(
             diesel::sql_query(
-                // Under MariaDB's `sql_mode = EMPTY_STRING_IS_NULL` an empty parameter
-                // arrives as NULL: these three may be empty, and never are NULL.
+                // Every value as the hex digits of its bytes: the server converts a
+                // text or binary parameter from the session's `character_set_client`
+                // to its `character_set_connection`, which a session may set apart,
+                // and would store other bytes (see `markers.rs`). Under MariaDB's
+                // `sql_mode = EMPTY_STRING_IS_NULL` an empty parameter arrives as
+                // NULL: these three may be empty, and never are NULL.
                 "INSERT INTO inbox_outbox (message_id, destination, routing_key, ordering_key, \
                  ordering_seq, headers, payload) \
-                 VALUES (?, ?, COALESCE(?, X''), ?, ?, COALESCE(?, X''), COALESCE(?, X''))",
+                 VALUES (UNHEX(?), UNHEX(?), COALESCE(UNHEX(?), X''), UNHEX(?), ?, \
+                 COALESCE(UNHEX(?), X''), COALESCE(UNHEX(?), X''))",
             )
-            .bind::<Text, _>(message.message_id)
-            .bind::<Text, _>(message.destination)
-            .bind::<Text, _>(message.routing_key)
-            .bind::<Nullable<Text>, _>(ordering_key)
+            .bind::<Text, _>(hex_digits(message.message_id))
+            .bind::<Text, _>(hex_digits(message.destination))
+            .bind::<Text, _>(hex_digits(message.routing_key))
+            .bind::<Nullable<Text>, _>(ordering_key.map(hex_digits))
             .bind::<Nullable<BigInt>, _>(ordering_seq)
-            .bind::<diesel::sql_types::Binary, _>(message.headers)
-            .bind::<diesel::sql_types::Binary, _>(message.payload),
+            .bind::<Text, _>(hex_digits(message.headers))
+            .bind::<Text, _>(hex_digits(message.payload)),
         )
         .execute(conn)
         .await

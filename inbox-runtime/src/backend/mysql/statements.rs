@@ -5,21 +5,18 @@ use std::future::Future;
 use diesel::OptionalExtension as _;
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::prepared::Prepared;
-use crate::backend::queries::{
-    InsertMarkers, MARKERS_PER_STATEMENT, chunks, fingerprinted_insert, hex_digits, plain_insert,
-};
+use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits};
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{end_unless_inserted, enter_transaction};
 use crate::schema::INDEX_NAME;
 
-use super::markers;
+use super::markers::{self, bytes_of_placeholder};
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
 /// the marker insert, so that the savepoint can only name the marker's transaction.
@@ -71,11 +68,8 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        CommittedMarkerExists {
-            message_id: marker.message_id.clone(),
-            consumer: marker.consumer,
-        }
-        .get_result(conn)
+        let marker = marker.clone();
+        async move { markers::committed_marker_exists(conn, &marker.message_id, marker.consumer).await }
     }
 
     /// [`BEGIN_WITH_SAVEPOINT`], the marker insert and [`AFTER_MARKER_INSERT`] as one
@@ -136,14 +130,27 @@ impl sealed::Sealed for Mysql {
         async move {
             let inserted = match fingerprint {
                 None => {
-                    plain_insert(message_id.clone(), consumer)
+                    InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, "")
                         .execute(&mut *conn)
                         .await
                 }
                 Some(fingerprint) => {
-                    fingerprinted_insert(message_id.clone(), consumer, fingerprint)
-                        .execute(&mut *conn)
-                        .await
+                    Prepared(
+                        diesel::sql_query(concat!(
+                            "INSERT INTO inbox (message_id, consumer, fingerprint) VALUES (",
+                            bytes_of_placeholder!(),
+                            ", ",
+                            bytes_of_placeholder!(),
+                            ", ",
+                            bytes_of_placeholder!(),
+                            ")"
+                        ))
+                        .bind::<Text, _>(hex_digits(&message_id))
+                        .bind::<Text, _>(hex_digits(consumer))
+                        .bind::<Text, _>(hex_digits(&fingerprint)),
+                    )
+                    .execute(&mut *conn)
+                    .await
                 }
             };
             match inserted {
@@ -458,38 +465,6 @@ impl SavepointBackend for Mysql {
     }
 }
 
-/// `SELECT EXISTS (… LOCK IN SHARE MODE)` for the fast path. A locking read sees only
-/// committed rows at every isolation level, and waits for a transaction that holds the
-/// key; a plain read at READ UNCOMMITTED would see another delivery's marker before
-/// that delivery commits, or rolls back. MariaDB has no `FOR SHARE`, which diesel's
-/// `for_share()` writes; written by hand, the statement stays in the prepared
-/// statement cache.
-#[derive(QueryId)]
-struct CommittedMarkerExists {
-    message_id: String,
-    consumer: &'static str,
-}
-
-impl Query for CommittedMarkerExists {
-    type SqlType = Bool;
-}
-
-impl QueryFragment<Mysql> for CommittedMarkerExists {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-        // As `markers::BY_KEY`, its placeholders pushed in order.
-        out.push_sql("SELECT EXISTS (SELECT 1 FROM `inbox` WHERE `message_id` = ");
-        out.push_bind_param::<Text, _>(&self.message_id)?;
-        out.push_sql(" AND `consumer` = ");
-        out.push_bind_param::<Text, _>(self.consumer)?;
-        out.push_sql(" AND `key_digest` = UNHEX(LEFT(SHA2(CONCAT(");
-        out.push_bind_param::<Text, _>(self.consumer)?;
-        out.push_sql(", 0x00, ");
-        out.push_bind_param::<Text, _>(&self.message_id)?;
-        out.push_sql("), 256), 32)) LOCK IN SHARE MODE)");
-        Ok(())
-    }
-}
-
 /// Where the id of one of this transaction's own markers is, once an insert succeeded.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum OwnId {
@@ -532,11 +507,7 @@ where
             conn.batch_execute(RECORD_MARKER_ID).await?;
             own_id = OwnId::Recorded;
         }
-        let insert = InsertMarkers {
-            message_ids: chunk.clone(),
-            consumer,
-            suffix: "",
-        };
+        let insert = InsertMarkers::hex(&chunk, consumer, "");
         match insert.execute(&mut *conn).await {
             Ok(_) => {
                 new.resize(new.len() + chunk.len(), true);
@@ -547,7 +518,7 @@ where
             Err(other) => return Err(other),
         }
         for message_id in chunk {
-            let inserted = match plain_insert(message_id.clone(), consumer)
+            let inserted = match InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, "")
                 .execute(&mut *conn)
                 .await
             {

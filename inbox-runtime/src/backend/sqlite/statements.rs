@@ -106,11 +106,11 @@ impl sealed::Sealed for Sqlite {
     {
         let mut new = Vec::with_capacity(message_ids.len());
         for chunk in chunks(message_ids, MARKERS_PER_STATEMENT) {
-            let insert = InsertMarkers {
-                message_ids: chunk.clone(),
+            let insert = InsertMarkers::new(
+                chunk.clone(),
                 consumer,
-                suffix: " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
-            };
+                " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
+            );
             let inserted: Vec<String> = insert.load(&mut *conn).await?;
             new.extend(chunk.iter().map(|id| inserted.contains(id)));
         }
