@@ -8,8 +8,8 @@ use diesel::QueryResult;
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
-use crate::backend::InboxBackend;
 use crate::backend::sealed::{MarkerAge, PruneBounds, Sealed as _};
+use crate::backend::{InFlight, InboxBackend};
 
 /// Ids per statement: enough to make each round trip worth it, few enough that a
 /// batch's locks and its transaction stay short beside the handlers.
@@ -58,7 +58,7 @@ where
 pub(crate) async fn prune_in_batches<C, AfterBatch, Pausing>(
     conn: &mut C,
     older_than: Duration,
-    mut after_batch: AfterBatch,
+    after_batch: AfterBatch,
 ) -> QueryResult<u64>
 where
     C: AsyncConnection,
@@ -71,6 +71,26 @@ where
         return Ok(0);
     }
     let window = i64::try_from(older_than.as_micros()).expect("five centuries fit in i64 µs");
+    // Its statements run outside any transaction: a prune dropped midway leaves the
+    // connection marked, never one whose next user reads the prune's answers.
+    let in_flight = InFlight::mark(conn)?;
+    let pruned = prune_window(conn, window, after_batch).await;
+    in_flight.answered(conn);
+    pruned
+}
+
+/// [`prune_in_batches`] of the markers older than `window` µs.
+async fn prune_window<C, AfterBatch, Pausing>(
+    conn: &mut C,
+    window: i64,
+    mut after_batch: AfterBatch,
+) -> QueryResult<u64>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+    AfterBatch: FnMut(Duration) -> Pausing,
+    Pausing: Future<Output = ControlFlow<()>>,
+{
     let Some(PruneBounds {
         start: Some(mut from),
         end: Some(end),

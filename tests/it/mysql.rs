@@ -501,6 +501,84 @@ async fn a_batch_never_trusts_an_uncommitted_marker() {
     }
 }
 
+/// A handler dropped while a statement it sent outside any transaction is in flight (the
+/// fast path's locking read, claim mode's insert, a prune's delete, each waiting for
+/// another session's lock) leaves its connection marked broken, as one dropped during
+/// BEGIN does. mysql_async would hand that statement's answer to the connection's next
+/// statement: the next handler took a read's `1` for its own and answered `Duplicate`
+/// for a new message, or took an insert's 1062 for its marker's and acknowledged a
+/// batch it never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_dropped_outside_a_transaction_leaves_its_connection_marked() {
+    let Some(db) = create("dropped_outside_a_transaction").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 4).await;
+        let calls = AtomicUsize::new(0);
+        for (mode, new) in [("fast path", 1), ("claim", 2), ("prune", 3)] {
+            let mut conn = db.connect().await;
+            let old = Credit::numbered(0);
+            let key = "claimed".to_owned();
+            // Processed once, before the lock that makes the next call wait.
+            let first = if mode == "claim" {
+                record_claimed(&mut conn, &key, &calls).await
+            } else {
+                common::credit(&mut conn, &old).await
+            };
+            assert!(first.is_ok(), "{mode}: {first:?}");
+            let mut holder = db.connect().await;
+            holder
+                .batch_execute("BEGIN; SELECT id FROM inbox FOR UPDATE")
+                .await
+                .unwrap();
+            let waited = if mode == "claim" {
+                let redelivery = record_claimed(&mut conn, &key, &calls);
+                tokio::time::timeout(Duration::from_millis(300), redelivery)
+                    .await
+                    .is_err()
+            } else if mode == "prune" {
+                let prune = diesel_inbox::prune(&mut conn, Duration::ZERO);
+                tokio::time::timeout(Duration::from_millis(300), prune)
+                    .await
+                    .is_err()
+            } else {
+                let redelivery = common::credit_reading_first(&mut conn, &old);
+                tokio::time::timeout(Duration::from_millis(300), redelivery)
+                    .await
+                    .is_err()
+            };
+            assert!(waited, "{mode}: the call waits for the holder's lock");
+            holder.batch_execute("COMMIT").await.unwrap();
+            // The dropped statement's answer reaches the connection.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let new = Credit::numbered(new);
+            let next = common::batch::batch_credit(&mut conn, std::slice::from_ref(&new)).await;
+            let error = next.expect_err("the connection is marked broken");
+            // Refused before anything is sent, not failed on a reply out of order.
+            assert!(
+                matches!(error, Error::BrokenTransactionManager),
+                "{mode}: {error}"
+            );
+            assert_eq!(classify(&error), ErrorClass::ConnectionUnusable, "{mode}");
+            let next = common::credit_reading_first(&mut conn, &new).await;
+            let error = next.expect_err("the connection is marked broken");
+            // Refused before anything is sent, not failed on a reply out of order.
+            assert!(
+                matches!(error, Error::BrokenTransactionManager),
+                "{mode}: {error}"
+            );
+            assert_eq!(classify(&error), ErrorClass::ConnectionUnusable, "{mode}");
+            let fresh = common::credit(&mut db.connect().await, &new).await;
+            assert_eq!(fresh, Ok(Outcome::Processed(())), "{mode}");
+        }
+        assert_eq!(common::balances(&db, 4).await, vec![1, 1, 1, 1]);
+        assert_eq!(calls.into_inner(), 1);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// Counts its calls, in claim mode.
 #[idempotent(consumer = "charset-claim", key = key, claim)]
 async fn record_claimed(

@@ -270,6 +270,50 @@ pub(crate) fn leave_transaction<C: diesel_async::AsyncConnection>(
     )
 }
 
+/// The transaction manager's state, kept aside while a statement sent outside any
+/// transaction is in flight, the manager reading as in error meanwhile: a call dropped
+/// before the statement's answer came leaves the connection marked broken, which pools
+/// discard and handlers refuse, as one dropped during a BEGIN of ours. mysql_async
+/// hands the answer of a statement whose future was dropped to the connection's next
+/// statement, which then takes it for its own (a fast-path read's `1` made a new
+/// message a duplicate). Inside a transaction the manager already counts one, and
+/// nothing is marked.
+#[must_use = "the connection reads as broken until the statement is `answered`"]
+pub(crate) struct InFlight(Option<diesel::connection::ValidTransactionManagerStatus>);
+
+impl InFlight {
+    /// Marks `conn` until [`InFlight::answered`], unless a transaction is open; a
+    /// connection already marked is refused.
+    pub(crate) fn mark<C: diesel_async::AsyncConnection>(
+        conn: &mut C,
+    ) -> diesel::QueryResult<Self> {
+        use diesel::connection::TransactionManagerStatus;
+        use diesel_async::TransactionManager;
+
+        let status = C::TransactionManager::transaction_manager_status_mut(conn);
+        if status.transaction_depth()?.is_some() {
+            return Ok(Self(None));
+        }
+        match std::mem::replace(status, TransactionManagerStatus::InError) {
+            TransactionManagerStatus::Valid(valid) => Ok(Self(Some(valid))),
+            TransactionManagerStatus::InError => {
+                Err(diesel::result::Error::BrokenTransactionManager)
+            }
+        }
+    }
+
+    /// The statements' answers are in: the manager's state is what it was.
+    pub(crate) fn answered<C: diesel_async::AsyncConnection>(self, conn: &mut C) {
+        use diesel::connection::TransactionManagerStatus;
+        use diesel_async::TransactionManager;
+
+        if let Some(valid) = self.0 {
+            *C::TransactionManager::transaction_manager_status_mut(conn) =
+                TransactionManagerStatus::Valid(valid);
+        }
+    }
+}
+
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn change_transaction_depth<C: diesel_async::AsyncConnection>(
     conn: &mut C,

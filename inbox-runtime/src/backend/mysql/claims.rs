@@ -8,6 +8,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use crate::backend::InFlight;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
@@ -28,8 +29,7 @@ macro_rules! update_claim_by_key {
             bind_key!(diesel::sql_query($sql), $key.message_id, $key.consumer)
                 $(.bind::<Text, _>($token))?
         );
-        let updated = query.execute($conn).await?;
-        Ok(updated == 1)
+        query.execute($conn).await.map(|updated| updated == 1)
     }};
 }
 
@@ -43,7 +43,7 @@ const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
 const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
 
 impl ClaimStatements for Mysql {
-    /// The insert and its [`COMMIT`](committed) in one round trip.
+    /// The insert and its [`COMMIT`](Call::committed) in one round trip.
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
@@ -55,6 +55,7 @@ impl ClaimStatements for Mysql {
             Some(fingerprint) => format!("X'{}'", hex_digits(&fingerprint)),
             None => "NULL".to_owned(),
         };
+        let call = Call::start(conn)?;
         let batch = format!(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
              fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
@@ -63,11 +64,7 @@ impl ClaimStatements for Mysql {
             hex_digits(&claim.key.consumer),
             claim.lease_micros,
             hex_digits(&claim.token),
-            commit = if outside_any_transaction(conn) {
-                "; COMMIT"
-            } else {
-                ""
-            },
+            commit = if call.commits { "; COMMIT" } else { "" },
         );
         // A plain INSERT, as for the transactional marker: a duplicate waits for a
         // concurrent insert of the key, then fails with 1062 on our own table, whose
@@ -75,18 +72,20 @@ impl ClaimStatements for Mysql {
         // its COMMIT: with autocommit off, the transaction that the failed insert opened
         // holds a lock on the row found until [`read_marker`](Self::read_marker),
         // which always comes next, commits.
-        match conn.batch_execute(&batch).await {
+        let inserted = match conn.batch_execute(&batch).await {
             Ok(()) => Ok(true),
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
                 let ClaimKey {
                     message_id,
                     consumer,
                 } = &claim.key;
-                super::markers::confirm_duplicate(conn, message_id, consumer).await?;
-                Ok(false)
+                super::markers::confirm_duplicate(conn, message_id, consumer)
+                    .await
+                    .map(|()| false)
             }
             Err(other) => Err(other),
-        }
+        };
+        call.answered(conn, inserted)
     }
 
     async fn read_marker<C>(conn: &mut C, key: ClaimKey) -> QueryResult<Option<ClaimRow>>
@@ -119,6 +118,7 @@ impl ClaimStatements for Mysql {
         // An UPDATE reads the latest committed row under its lock: a second taker waits
         // for the first, then finds the attempt count moved on. Affected rows count
         // matched rows here (CLIENT_FOUND_ROWS), and a match always changes the row.
+        let call = Call::start(conn)?;
         let taken = Prepared(
             bind_key!(
                 diesel::sql_query(format!(
@@ -135,7 +135,7 @@ impl ClaimStatements for Mysql {
         )
         .execute(&mut *conn)
         .await;
-        committed(conn, taken.map(|rows| rows == 1)).await
+        call.committed(conn, taken.map(|rows| rows == 1)).await
     }
 
     async fn complete<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
@@ -143,14 +143,16 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {HELD}");
+        let call = Call::start(conn)?;
         let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
-        committed(conn, updated).await
+        call.committed(conn, updated).await
     }
 
     async fn renew<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
+        let call = Call::start(conn)?;
         let renewed = Prepared(
             bind_key!(
                 diesel::sql_query(format!(
@@ -165,7 +167,7 @@ impl ClaimStatements for Mysql {
         )
         .execute(&mut *conn)
         .await;
-        committed(conn, renewed.map(|rows| rows == 1)).await
+        call.committed(conn, renewed.map(|rows| rows == 1)).await
     }
 
     async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
@@ -173,22 +175,25 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        let call = Call::start(conn)?;
         let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
-        committed(conn, updated).await
+        call.committed(conn, updated).await
     }
 
     async fn list_stale<C>(conn: &mut C) -> QueryResult<Vec<StaleRow>>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        Prepared(diesel::sql_query(format!(
+        let call = Call::start(conn)?;
+        let stale = Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
              TIMESTAMPDIFF(MICROSECOND, processed_at, NOW(6)) AS age_micros, \
              TIMESTAMPDIFF(MICROSECOND, lease_ends_at, NOW(6)) AS idle_micros \
              FROM inbox WHERE {STALE} ORDER BY id"
         )))
-        .load(conn)
-        .await
+        .load(&mut *conn)
+        .await;
+        call.answered(conn, stale)
     }
 
     async fn complete_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
@@ -196,8 +201,9 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {COMPLETED} {BY_KEY} AND {STALE}");
+        let call = Call::start(conn)?;
         let updated = update_claim_by_key!(&mut *conn, &sql, key);
-        committed(conn, updated).await
+        call.committed(conn, updated).await
     }
 
     async fn release_stale<C>(conn: &mut C, key: ClaimKey) -> QueryResult<bool>
@@ -205,8 +211,9 @@ impl ClaimStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED}, attempts = 0 {BY_KEY} AND {STALE}");
+        let call = Call::start(conn)?;
         let updated = update_claim_by_key!(&mut *conn, &sql, key);
-        committed(conn, updated).await
+        call.committed(conn, updated).await
     }
 }
 
@@ -222,6 +229,7 @@ async fn read_claim_row<C>(conn: &mut C, key: ClaimKey, sql: &str) -> QueryResul
 where
     C: AsyncConnection<Backend = Mysql>,
 {
+    let call = Call::start(conn)?;
     let rows = Prepared(bind_key!(
         diesel::sql_query(format!("{sql}{BY_KEY}")),
         key.message_id,
@@ -229,30 +237,56 @@ where
     ))
     .load::<ClaimRow>(&mut *conn)
     .await;
-    committed(conn, rows.map(|rows| rows.into_iter().next())).await
+    call.committed(conn, rows.map(|rows| rows.into_iter().next()))
+        .await
 }
 
-/// Whether `conn` is in no transaction, where a claim statement (or an operator's)
-/// commits on its own. Inside a test transaction, or an operator's call inside the
-/// caller's transaction, it is part of that transaction instead.
-fn outside_any_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
-    matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing))
+/// A claim statement's call: whether it commits on its own, and the connection marked
+/// in flight until its answers are in ([`InFlight`]: a call dropped before then would
+/// leave the next user of the connection reading this one's answers).
+struct Call {
+    /// No transaction encloses the call: what it does commits on its own. Inside a test
+    /// transaction, or an operator's call inside the caller's transaction, it is part
+    /// of that transaction instead.
+    commits: bool,
+    in_flight: InFlight,
 }
 
-/// `statement`'s result, once what it did is committed. Where the session has autocommit
-/// off (a server's `autocommit = 0`, an `init_connect`, a body's `SET autocommit = 0`),
-/// the statement opened a transaction that nobody would commit, and other deliveries
-/// would never see the claim, or its completion. With autocommit on there is no transaction,
-/// and the `COMMIT` does nothing. Turning autocommit on for the delivery instead would
-/// have to be undone on every way out of it, a cancellation included, and claims nested
-/// on one connection would undo each other's.
-async fn committed<T, C>(conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    let result = statement?;
-    if outside_any_transaction(conn) {
-        conn.batch_execute("COMMIT").await?;
+impl Call {
+    fn start<C: AsyncConnection>(conn: &mut C) -> QueryResult<Self> {
+        let commits = matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing));
+        Ok(Self {
+            commits,
+            in_flight: InFlight::mark(conn)?,
+        })
     }
-    Ok(result)
+
+    /// `statement`'s result, once what it did is committed. Where the session has
+    /// autocommit off (a server's `autocommit = 0`, an `init_connect`, a body's `SET
+    /// autocommit = 0`), the statement opened a transaction that nobody would commit,
+    /// and other deliveries would never see the claim, or its completion. With
+    /// autocommit on there is no transaction, and the `COMMIT` does nothing. Turning
+    /// autocommit on for the delivery instead would have to be undone on every way out
+    /// of it, a cancellation included, and claims nested on one connection would undo
+    /// each other's.
+    async fn committed<T, C>(self, conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
+    where
+        C: AsyncConnection<Backend = Mysql>,
+    {
+        let committed = match statement {
+            Ok(result) if self.commits => conn.batch_execute("COMMIT").await.map(|()| result),
+            other => other,
+        };
+        self.answered(conn, committed)
+    }
+
+    /// `result`, the call's answers all in.
+    fn answered<T, C: AsyncConnection>(
+        self,
+        conn: &mut C,
+        result: QueryResult<T>,
+    ) -> QueryResult<T> {
+        self.in_flight.answered(conn);
+        result
+    }
 }

@@ -13,7 +13,7 @@ use crate::backend::prepared::Prepared;
 use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits};
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{end_unless_inserted, enter_transaction};
+use crate::backend::{InFlight, end_unless_inserted, enter_transaction};
 use crate::schema::INDEX_NAME;
 
 use super::markers::{self, bytes_of_placeholder};
@@ -69,7 +69,13 @@ impl sealed::Sealed for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let marker = marker.clone();
-        async move { markers::committed_marker_exists(conn, &marker.message_id, marker.consumer).await }
+        async move {
+            let in_flight = InFlight::mark(conn)?;
+            let found =
+                markers::committed_marker_exists(conn, &marker.message_id, marker.consumer).await;
+            in_flight.answered(conn);
+            found
+        }
     }
 
     /// [`BEGIN_WITH_SAVEPOINT`], the marker insert and [`AFTER_MARKER_INSERT`] as one
