@@ -579,6 +579,37 @@ async fn a_handler_dropped_outside_a_transaction_leaves_its_connection_marked() 
     db.cleanup().await;
 }
 
+/// With autocommit off, the fast path's locking read opens a transaction of the
+/// session's: it is committed, so that the read's shared lock on the marker does not
+/// outlive the call and hold up a prune (or an upgrade) for as long as the connection
+/// idles in its pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fast_path_read_with_autocommit_off_holds_no_lock_after_it() {
+    let Some(db) = create("fast_path_autocommit_off").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = common::connect_with(&db, "SET autocommit = 0").await;
+        let credit = Credit::numbered(0);
+        assert_eq!(
+            common::credit(&mut conn, &credit).await,
+            Ok(Outcome::Processed(()))
+        );
+        let again = common::credit_reading_first(&mut conn, &credit).await;
+        assert_eq!(again, Ok(Outcome::Duplicate));
+        let mut pruner = common::connect_with(&db, "SET innodb_lock_wait_timeout = 1").await;
+        let pruned = diesel_inbox::prune(&mut pruner, Duration::ZERO).await;
+        assert_eq!(
+            pruned,
+            Ok(1),
+            "the marker is not locked by the idle session"
+        );
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// Counts its calls, in claim mode.
 #[idempotent(consumer = "charset-claim", key = key, claim)]
 async fn record_claimed(

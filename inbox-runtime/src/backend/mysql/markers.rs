@@ -101,6 +101,37 @@ where
     Ok(found)
 }
 
+/// What the fast path reads: whether the key's committed marker is there, as
+/// [`committed_marker_exists`] reads it, and whether the read opened a transaction of
+/// the session's, as it does with autocommit off.
+#[derive(diesel::QueryableByName)]
+pub(super) struct FastPathRead {
+    #[diesel(sql_type = Bool)]
+    pub(super) found: bool,
+    #[diesel(sql_type = Bool)]
+    pub(super) opened_transaction: bool,
+}
+
+pub(super) async fn fast_path_read<C>(
+    conn: &mut C,
+    message_id: &str,
+    consumer: &str,
+) -> QueryResult<FastPathRead>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    Prepared(bind_key!(
+        diesel::sql_query(format!(
+            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY} LOCK IN SHARE MODE) AS found, \
+             @@autocommit = 0 AS opened_transaction"
+        )),
+        message_id,
+        consumer
+    ))
+    .get_result(conn)
+    .await
+}
+
 /// Confirms that an insert which failed with 1062 on the inbox's index met the key's own
 /// marker (`Ok`): the index may hold a digest, which another key can share. Another
 /// key's marker is a [`KeyCollision`](crate::KeyCollision), never a duplicate.

@@ -14,6 +14,7 @@ use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{InFlight, end_unless_inserted, enter_transaction};
+use crate::enclosing::{Enclosing, enclosing_transaction};
 use crate::schema::INDEX_NAME;
 
 use super::markers::{self, bytes_of_placeholder};
@@ -70,9 +71,19 @@ impl sealed::Sealed for Mysql {
     {
         let marker = marker.clone();
         async move {
+            let outside = matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing));
             let in_flight = InFlight::mark(conn)?;
-            let found =
-                markers::committed_marker_exists(conn, &marker.message_id, marker.consumer).await;
+            let read = markers::fast_path_read(conn, &marker.message_id, marker.consumer).await;
+            // With autocommit off the read opened a transaction, which would keep its
+            // shared lock on the marker while the connection idles, holding up a prune.
+            // (A BEGIN of the handler's would have committed it, as it commits whatever
+            // such a session left open.)
+            let found = match read {
+                Ok(read) if outside && read.opened_transaction => {
+                    conn.batch_execute("COMMIT").await.map(|()| read.found)
+                }
+                read => read.map(|read| read.found),
+            };
             in_flight.answered(conn);
             found
         }
