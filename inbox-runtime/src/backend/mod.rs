@@ -20,14 +20,17 @@
 //! A fourth database is one more folder: implement the two traits and the test database,
 //! add its error recognition to [`classify`](crate::classify).
 
-/// `sealed::Sealed::inbox_is_visible`, with `$tables` a query of one row whose column
-/// `tables` counts the tables named `inbox` that the session sees.
+/// `sealed::Sealed::inbox_seen`, with `$tables` a query of one row whose column `tables`
+/// counts the tables named `inbox` that the session sees, and `indexed` the rows of
+/// their unique index named as the crate's ([`INDEX_NAME`](crate::schema::INDEX_NAME)).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-macro_rules! inbox_is_visible {
+macro_rules! inbox_seen {
     ($tables:expr) => {
-        fn inbox_is_visible<C>(
+        fn inbox_seen<C>(
             conn: &mut C,
-        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send
+        ) -> impl ::std::future::Future<
+            Output = ::diesel::QueryResult<$crate::backend::sealed::InboxSeen>,
+        > + Send
         where
             C: ::diesel_async::AsyncConnection<Backend = Self>,
         {
@@ -35,7 +38,7 @@ macro_rules! inbox_is_visible {
             async move {
                 let counted: $crate::backend::sealed::Tables =
                     ::diesel_async::RunQueryDsl::get_result(query, conn).await?;
-                Ok(counted.tables > 0)
+                Ok(counted.seen())
             }
         }
     };
@@ -539,18 +542,46 @@ pub(crate) mod sealed {
             Ok(())
         }
 
-        /// Whether the session finds an `inbox` table where the crate's unqualified
-        /// statements look for it: the connection's database, or its `search_path`.
-        fn inbox_is_visible<C>(conn: &mut C) -> impl Future<Output = QueryResult<bool>> + Send
+        /// What the session finds where the crate's unqualified statements look for the
+        /// `inbox` table: the connection's database, or its `search_path`.
+        fn inbox_seen<C>(conn: &mut C) -> impl Future<Output = QueryResult<InboxSeen>> + Send
         where
             C: AsyncConnection<Backend = Self>;
     }
 
-    /// How many tables named `inbox` a session sees: what [`inbox_is_visible!`] reads.
+    /// What a session finds under the name `inbox`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code, reason = "only a backend's query finds what a session sees")
+    )]
+    pub enum InboxSeen {
+        /// No table.
+        Missing,
+        /// A table without the crate's unique index: another table of that name.
+        Foreign,
+        /// The crate's.
+        Ours,
+    }
+
+    /// What [`inbox_seen!`] reads.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     #[derive(Debug, diesel::QueryableByName)]
     pub(crate) struct Tables {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
-        pub(crate) tables: i64,
+        tables: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        indexed: i64,
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    impl Tables {
+        pub(crate) fn seen(&self) -> InboxSeen {
+            match (self.tables, self.indexed) {
+                (0, _) => InboxSeen::Missing,
+                (_, 0) => InboxSeen::Foreign,
+                _ => InboxSeen::Ours,
+            }
+        }
     }
 }

@@ -257,6 +257,33 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 2).await, vec![2, 1]);
 }
 
+/// A session whose `inbox` is another table of that name (an application's own, or on
+/// PostgreSQL one found first on `search_path`) fails every call in the crate's own
+/// statement. Like a missing inbox, that is no message's fault: each is retried, with
+/// what to change, never dead-lettered.
+pub async fn a_foreign_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("DROP TABLE inbox")
+        .await
+        .expect("drop the inbox");
+    conn.batch_execute("CREATE TABLE inbox (id BIGINT PRIMARY KEY, subject VARCHAR(100))")
+        .await
+        .expect("an application's inbox");
+    let single = credit(&mut conn, &Credit::numbered(0)).await;
+    let error = single.as_ref().expect_err("not the crate's inbox");
+    assert!(error.to_string().contains("is not the crate's"), "{error}");
+    assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
+    let batch = batch_credit(&mut conn, &[Credit::numbered(0)]).await;
+    assert_eq!(
+        Disposition::of_batch(&batch),
+        Disposition::Retry { after: None },
+        "{:?}",
+        batch.err()
+    );
+    assert_eq!(balances(&db, 1).await, vec![0]);
+}
+
 /// A connection that cannot be opened, and pools that cannot hand one out in time, are
 /// retried however they reach the pump: the guide's retry loop takes its connection
 /// inside the closure, so a pool's error is the run's error.
@@ -402,6 +429,7 @@ macro_rules! verdict_scenarios {
         verdict_scenarios!(@test $db; wrapped_database_errors_are_retried($lock_wait));
         verdict_scenarios!(@test $db; anyhow_handlers_are_settled($lock_wait));
         verdict_scenarios!(@test $db; a_missing_inbox_is_retried_with_what_to_do());
+        verdict_scenarios!(@test $db; a_foreign_inbox_is_retried_with_what_to_do());
         verdict_scenarios!(@test $db; read_only_session_is_retried($read_only));
     };
     (

@@ -57,9 +57,12 @@ const AFTER_MARKER_INSERT: &str = concat!(
 );
 
 impl sealed::Sealed for Mysql {
-    inbox_is_visible!(
-        "SELECT CAST(COUNT(*) AS SIGNED) AS tables FROM information_schema.tables \
-         WHERE table_schema = DATABASE() AND table_name = 'inbox'"
+    inbox_seen!(
+        "SELECT CAST(COUNT(*) AS SIGNED) AS tables, \
+         CAST((SELECT COUNT(*) FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND index_name = 'ux_inbox_message_consumer' AND non_unique = 0) AS SIGNED) AS indexed \
+         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'inbox'"
     );
 
     fn already_processed<'c, C>(

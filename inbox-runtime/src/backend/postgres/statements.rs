@@ -29,7 +29,13 @@ impl sealed::Sealed for diesel::pg::Pg {
         async move { markers::insert_marker(conn, markers::marker(&marker, Behind::Begun)).await }
     }
 
-    inbox_is_visible!("SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables");
+    inbox_seen!(
+        "SELECT CAST(COUNT(to_regclass('inbox')) AS BIGINT) AS tables, \
+         (SELECT COUNT(*) FROM pg_catalog.pg_index AS i \
+         JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = to_regclass('inbox') AND i.indisunique \
+         AND c.relname = 'ux_inbox_message_consumer') AS indexed"
+    );
 
     /// `text` holds no NUL: the server rejects it mid-statement, which in a batch
     /// would sink every message with no way to tell which one was at fault.

@@ -26,8 +26,11 @@ diesel::table! {
 }
 
 impl sealed::Sealed for Sqlite {
-    inbox_is_visible!(
-        "SELECT COUNT(*) AS tables FROM sqlite_master WHERE type = 'table' AND name = 'inbox'"
+    inbox_seen!(
+        "SELECT COUNT(*) AS tables, \
+         (SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'inbox' \
+         AND name = 'ux_inbox_message_consumer') AS indexed \
+         FROM sqlite_master WHERE type = 'table' AND name = 'inbox'"
     );
 
     /// The key goes in as SQL string literals, which SQLite stores in the database's
