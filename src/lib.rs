@@ -115,8 +115,9 @@ pub use inbox_runtime::{BatchOutcome, InvalidBatchKey};
 pub use inbox_runtime::{
     Claim, ClaimError, Classified, Classify, Disposition, ErrorClass, Fingerprint,
     FingerprintMismatch, InboxBackend, InboxError, InboxKey, InvalidKey, KeyCollision, MissingKey,
-    Outcome, RegisteredHandler, Retention, SharedConsumers, check_consumers, class_of, classify,
-    find_database_error, migrate, prune, registered_handlers, retry_after_of, upgrade_unique_index,
+    NestedHandler, Outcome, RegisteredHandler, Retention, SharedConsumers, check_consumers,
+    class_of, classify, find_database_error, migrate, prune, registered_handlers, retry_after_of,
+    upgrade_unique_index,
 };
 #[cfg(feature = "pruner")]
 pub use inbox_runtime::{Pace, Pruner, prune_paced};

@@ -19,7 +19,7 @@ use crate::backend::sealed::Sealed as _;
 use crate::begin::Begin;
 use crate::body_scope::{DropScope, Scope};
 use crate::call;
-use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::enclosing::{Enclosing, enclosing_for_delivery};
 use crate::error::InvalidBatchKey;
 use crate::handler::{Handler, RegisteredHandler};
 use crate::key::InvalidKey;
@@ -593,7 +593,7 @@ where
         Ok(ids)
     });
     let markers = Markers::new(message_ids.map_err(Error::from)?);
-    let enclosing = enclosing_transaction(conn)?;
+    let enclosing = enclosing_for_delivery(conn, consumer, &markers.message_ids)?;
     let message_ids = markers.message_ids.clone();
     let new = match enclosing {
         Enclosing::Nothing => match begin.with_markers(conn, consumer, message_ids).await? {

@@ -94,6 +94,23 @@ pub(crate) fn with_delivery<R>(f: impl FnOnce(Option<&mut Delivery>) -> R) -> R 
     CURRENT.with_borrow_mut(|current| f(current.delivery.as_mut()))
 }
 
+/// Whether a body is being polled on this thread: a handler called now runs inside it.
+pub(crate) fn in_a_body() -> bool {
+    CURRENT.with_borrow(|current| current.delivery.is_some())
+}
+
+/// Whether the body being polled on this thread is a transactional or batch body (one
+/// whose delivery holds its marker uncommitted) of `consumer`, delivering `message_id`
+/// (in a batch, its first new message).
+pub(crate) fn holds_the_marker_of(consumer: &str, message_id: &str) -> bool {
+    CURRENT.with_borrow(|current| {
+        current.claim.is_none()
+            && current.delivery.as_ref().is_some_and(|delivery| {
+                delivery.consumer == consumer && delivery.message_id == message_id
+            })
+    })
+}
+
 /// Derives [`Claim::idempotency_key`]: a fixed namespace, so that the same (consumer,
 /// key) gives the same UUID in every process and every version.
 const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::uuid!("5d1b6c1e-7c3a-4f0e-9a43-6b1f0d2c8e71");

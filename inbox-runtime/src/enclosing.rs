@@ -5,6 +5,9 @@
 use diesel::result::Error;
 use diesel_async::{AsyncConnection, TransactionManager};
 
+use crate::NestedHandler;
+use crate::body_scope;
+
 /// The transaction a call finds its connection in, where it can run.
 #[derive(Clone, Copy)]
 pub(crate) enum Enclosing {
@@ -39,4 +42,32 @@ pub(crate) fn in_test_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
     let depth = C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth();
     matches!(depth, Ok(Some(depth)) if depth.get() == 1)
         && !C::TransactionManager::is_broken_transaction_manager(conn)
+}
+
+/// [`enclosing_transaction`], for a handler of `consumer` about to begin its delivery of
+/// `message_ids`. Inside another handler's body on this thread, an open transaction is
+/// that body's, and the same message under the same consumer is the caller's own: each
+/// a mistake of the code, [`NestedHandler`], which no redelivery mends. (Outside any
+/// body, an open transaction is a pool's broken connection, or the caller's.)
+pub(crate) fn enclosing_for_delivery<'k, C: AsyncConnection>(
+    conn: &mut C,
+    consumer: &'static str,
+    message_ids: impl IntoIterator<Item = &'k String>,
+) -> Result<Enclosing, Error> {
+    if let Some(message_id) = message_ids
+        .into_iter()
+        .find(|message_id| body_scope::holds_the_marker_of(consumer, message_id))
+    {
+        return Err(NestedHandler::SameMessage {
+            consumer,
+            message_id: message_id.clone(),
+        }
+        .into());
+    }
+    match enclosing_transaction(conn) {
+        Err(Error::AlreadyInTransaction) if body_scope::in_a_body() => {
+            Err(NestedHandler::InATransaction { consumer }.into())
+        }
+        enclosing => enclosing,
+    }
 }

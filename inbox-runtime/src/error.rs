@@ -46,6 +46,8 @@ pub enum InboxError {
     InvalidOutboxMessage(InvalidOutboxMessage),
     /// Another message's marker holds the same digest in the unique index.
     KeyCollision(KeyCollision),
+    /// A handler was called inside another handler's body where it cannot run.
+    Nested(NestedHandler),
 }
 
 impl InboxError {
@@ -81,6 +83,7 @@ impl fmt::Display for InboxError {
             Self::FingerprintMismatch(error) => error.fmt(f),
             Self::InvalidOutboxMessage(error) => error.fmt(f),
             Self::KeyCollision(error) => error.fmt(f),
+            Self::Nested(error) => error.fmt(f),
         }
     }
 }
@@ -95,6 +98,7 @@ impl StdError for InboxError {
             Self::FingerprintMismatch(error) => error.source(),
             Self::InvalidOutboxMessage(error) => error.source(),
             Self::KeyCollision(error) => error.source(),
+            Self::Nested(error) => error.source(),
         }
     }
 }
@@ -130,7 +134,8 @@ carried_as!(
     ClaimError => Claim,
     FingerprintMismatch => FingerprintMismatch,
     InvalidOutboxMessage => InvalidOutboxMessage,
-    KeyCollision => KeyCollision
+    KeyCollision => KeyCollision,
+    NestedHandler => Nested
 );
 
 /// Why an outbox message cannot be stored: [`enqueue`](crate::outbox::enqueue) refuses
@@ -370,6 +375,55 @@ impl fmt::Display for KeyCollision {
 }
 
 impl StdError for KeyCollision {}
+
+/// A handler called inside another handler's body where it cannot run. A mistake in the
+/// code, which no redelivery mends: classified [`Permanent`](crate::ErrorClass::Permanent).
+/// Nothing of the inner call was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NestedHandler {
+    /// On a connection inside a transaction, the calling body's: the inner handler's
+    /// transaction would open inside the caller's. (Outside any handler's body, a
+    /// connection left inside a transaction is `AlreadyInTransaction`, classified
+    /// `ConnectionUnusable`: a pool's broken connection, which the next one replaces.)
+    InATransaction {
+        /// The inner handler's consumer.
+        consumer: &'static str,
+    },
+    /// By a transactional or batch handler's body, for the message it is processing, under
+    /// the same consumer: the inner call would wait for the marker its caller holds, on
+    /// another connection, until the caller ends, which is never.
+    SameMessage {
+        /// The consumer.
+        consumer: &'static str,
+        /// The message's key.
+        message_id: String,
+    },
+}
+
+impl fmt::Display for NestedHandler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InATransaction { consumer } => write!(
+                f,
+                "handler {consumer:?} was called inside another handler's body on a \
+                 connection inside a transaction: handlers do not nest on the body's \
+                 connection; give the inner call a connection of its own"
+            ),
+            Self::SameMessage {
+                consumer,
+                message_id,
+            } => write!(
+                f,
+                "handler {consumer:?} was called for message {message_id:?} inside its own \
+                 delivery of that message, which would wait forever for the marker its \
+                 caller holds"
+            ),
+        }
+    }
+}
+
+impl StdError for NestedHandler {}
 
 /// A message of the batch whose key cannot be stored. The whole batch is rejected before
 /// anything is written, so that the caller can set that message aside (dead-letter it)

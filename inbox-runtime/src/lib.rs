@@ -67,7 +67,9 @@ pub use claims::protocol::{Claimed, NotClaimed, Settled, Settling, claim_deliver
 pub use claims::{Claim, ClaimPolicy};
 pub use classify::{ErrorClass, classify};
 pub use disposition::Disposition;
-pub use error::{ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey, KeyCollision};
+pub use error::{
+    ClaimError, FingerprintMismatch, InboxError, InvalidBatchKey, KeyCollision, NestedHandler,
+};
 pub use fast_path::FastPath;
 pub use fingerprint::Fingerprint;
 pub use handler::{

@@ -12,7 +12,7 @@ use crate::backend::sealed::{Marker, Sealed as _};
 use crate::begin::Begin;
 use crate::body_scope::{DropScope, Scope};
 use crate::call;
-use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::enclosing::{Enclosing, enclosing_for_delivery};
 use crate::fast_path::FastPath;
 use crate::fingerprint::Fingerprint;
 use crate::handler::Handler;
@@ -285,7 +285,7 @@ where
         consumer,
         fingerprint: fingerprint.clone().map(Fingerprint::into_string),
     };
-    let enclosing = enclosing_transaction(conn)?;
+    let enclosing = enclosing_for_delivery(conn, consumer, [&marker.message_id])?;
     let opened = if read_first && C::Backend::already_processed(conn, &marker).await? {
         Err(Stop::Duplicate)
     } else {

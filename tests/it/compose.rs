@@ -13,7 +13,9 @@ use diesel::sqlite::SqliteConnection as SyncSqlite;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, TransactionManager};
 use diesel_inbox::testing::{TestConnection, TestDatabase, select_i64};
-use diesel_inbox::{ErrorClass, InboxBackend, Outcome, classify, idempotent};
+use diesel_inbox::{
+    ErrorClass, InboxBackend, InboxError, NestedHandler, Outcome, classify, idempotent,
+};
 
 use crate::common;
 
@@ -140,7 +142,8 @@ where
 
 /// No handler runs inside a transactional or batch handler's body on that body's
 /// connection: it would open its transaction inside the caller's. Each refuses, having
-/// written nothing.
+/// written nothing, with an error that says so, classified `Permanent`: a mistake of the
+/// code, which no redelivery mends (as `AlreadyInTransaction`, it was retried forever).
 async fn handlers_inside_a_transactional_body_refuse<C: TestConnection>(db: TestDatabase<C>) {
     let mut conn = db.connect().await.expect("connect");
     create_steps(&mut conn).await;
@@ -158,16 +161,61 @@ async fn handlers_inside_a_transactional_body_refuse<C: TestConnection>(db: Test
     for refusals in [from_transactional, from_batch] {
         let refusals = refusals.expect("the outer body ran");
         for refusal in refusals {
+            let refusal = refusal.expect("refused");
             assert!(
-                matches!(refusal, Some(Error::AlreadyInTransaction)),
+                matches!(
+                    InboxError::find(&refusal),
+                    Some(InboxError::Nested(NestedHandler::InATransaction { .. }))
+                ),
                 "{refusal:?}"
             );
+            assert_eq!(classify(&refusal), ErrorClass::Permanent);
         }
     }
     let inner = "SELECT COUNT(*) FROM inbox WHERE message_id = 'calls-inside-inner'";
     assert_eq!(select_i64(&mut conn, inner).await.unwrap(), 0);
     let rows = "SELECT COUNT(*) FROM steps";
     assert_eq!(select_i64(&mut conn, rows).await.unwrap(), 0);
+}
+
+/// Calls itself for the same message on `other`, a second connection, from its body, and
+/// returns that call's error.
+#[idempotent(consumer = "compose-recursive", key = message.id.as_str(), conn = conn)]
+async fn recursive<C>(
+    conn: &mut C,
+    other: &mut C,
+    message: &Message,
+) -> Result<Option<Error>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Ok(Box::pin(recursive(other, conn, message)).await.err())
+}
+
+/// A transactional handler whose body calls itself for the same message on a second
+/// connection would wait for the marker its caller holds until the caller ends, which
+/// is never (PostgreSQL waits without a limit). The inner call refuses at once.
+async fn a_handler_called_for_its_own_message_refuses<C: TestConnection>(db: TestDatabase<C>) {
+    let mut conn = db.connect().await.expect("connect");
+    let mut other = db.connect().await.expect("connect");
+    let message = Message {
+        id: "recursive".to_owned(),
+    };
+    let outer = recursive(&mut conn, &mut other, &message).await;
+    let refusal = outer.expect("the outer call").processed().flatten();
+    let refusal = refusal.expect("the inner call refused");
+    assert_eq!(
+        InboxError::find(&refusal),
+        Some(&InboxError::Nested(NestedHandler::SameMessage {
+            consumer: "compose-recursive",
+            message_id: "recursive".to_owned(),
+        })),
+        "{refusal}"
+    );
+    assert_eq!(classify(&refusal), ErrorClass::Permanent);
+    let again = recursive(&mut other, &mut conn, &message).await;
+    assert_eq!(again.expect("a redelivery"), Outcome::Duplicate);
 }
 
 async fn create_steps<C: TestConnection>(conn: &mut C) {
@@ -423,6 +471,24 @@ async fn cancelled_on_sqlite() {
         every_cancellation_leaves_whole_messages(db, ANY_SESSION)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recursion_refused_on_postgres() {
+    let db = postgres("compose_recursion").await;
+    run_on(db, a_handler_called_for_its_own_message_refuses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recursion_refused_on_mysql() {
+    let db = mysql("compose_recursion").await;
+    run_on(db, a_handler_called_for_its_own_message_refuses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recursion_refused_on_sqlite() {
+    let db = sqlite("compose_recursion").await;
+    run_on(db, a_handler_called_for_its_own_message_refuses).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -13,7 +13,7 @@ use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _,
 use crate::backend::sealed::Sealed as _;
 use crate::body_scope::{DropScope, Scope};
 use crate::classify::classify;
-use crate::enclosing::enclosing_transaction;
+use crate::enclosing::enclosing_for_delivery;
 use crate::error::{ClaimError, InboxError};
 use crate::fingerprint::{self, Fingerprint};
 use crate::handler::Handler;
@@ -286,7 +286,7 @@ where
         return Err(NotRun::Database(invalid.into()));
     }
     // Each claim statement must commit on its own, before the body's external call.
-    enclosing_transaction(conn)?;
+    enclosing_for_delivery(conn, consumer, [&key.message_id])?;
     let (claim, sent) = match acquire(conn, consumer, &key, policy, fingerprint).await? {
         Acquired::Held(claim, sent) => (claim, sent),
         Acquired::NotRun(not_run) => return Err(not_run),
