@@ -436,6 +436,68 @@ async fn claimed(conn: &mut AsyncPgConnection, credit: &Credit) -> Result<(), Er
     common::apply(conn, credit).await
 }
 
+/// Functions named as the built-ins the crate's statements call, in a schema ahead of
+/// the inbox's on `search_path`, are not called: PostgreSQL prefers an overload whose
+/// parameter types fit better (`convert_from(bytea, text)` over the built-in's
+/// `(bytea, name)`, `unnest(bytea[])` over `unnest(anyarray)`), whatever schema it is in.
+/// Here they fold case and empty batches: keys differing in case only would be one
+/// message, and a batch would find no marker of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn built_ins_shadowed_on_the_search_path_are_not_called() {
+    let Some(db) = create("shadowed_built_ins").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 2).await;
+        let url = db.database().url().to_owned();
+        let schema = url
+            .split("search_path%3D")
+            .nth(1)
+            .and_then(|rest| rest.split('&').next())
+            .expect("the test schema")
+            .to_owned();
+        let shadow = format!("{schema}_shadow");
+        let mut setup = db.connect().await;
+        setup
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {shadow} CASCADE; CREATE SCHEMA {shadow}; \
+                 CREATE FUNCTION {shadow}.convert_from(bytea, text) RETURNS text LANGUAGE sql \
+                 AS $$ SELECT lower(pg_catalog.convert_from($1, $2::name)) $$; \
+                 CREATE FUNCTION {shadow}.convert_to(text, text) RETURNS bytea LANGUAGE sql \
+                 AS $$ SELECT pg_catalog.convert_to(lower($1), $2::name) $$; \
+                 CREATE FUNCTION {shadow}.unnest(bytea[]) RETURNS SETOF bytea LANGUAGE sql \
+                 AS $$ SELECT NULL::bytea WHERE false $$"
+            ))
+            .await
+            .expect("the shadowing functions");
+        let settings = format!("SET search_path = {shadow}, {schema}");
+        let mut conn = common::connect_with(&db, &settings).await;
+        for (key, account) in [("CaseKey", 0), ("casekey", 1)] {
+            let credit = Credit::of(key, account);
+            assert_eq!(
+                common::credit(&mut conn, &credit).await,
+                Ok(Outcome::Processed(())),
+                "{key}"
+            );
+            assert_eq!(
+                common::credit_reading_first(&mut conn, &credit).await,
+                Ok(Outcome::Duplicate),
+                "{key}"
+            );
+        }
+        let batch = [Credit::of("CaseKey", 0), Credit::of("casekey", 1)];
+        let processed = common::batch::batch_credit(&mut conn, &batch).await;
+        assert_eq!(processed.map(|outcome| outcome.processed()), Ok(2));
+        assert_eq!(common::balances(&db, 2).await, vec![2, 2]);
+        setup
+            .batch_execute(&format!("DROP SCHEMA {shadow} CASCADE"))
+            .await
+            .expect("drop the shadowing functions");
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// Two replicas whose sessions differ in `client_encoding` must agree on every key:
 /// bound as text, LATIN1 stored "é" as "Ã©", so the replica in UTF-8 processed the
 /// message "é" again, and the message "Ã©" was taken for a duplicate of it.
@@ -525,8 +587,8 @@ async fn statements_stay_prepared() {
             "INSERT INTO inbox (message_id, consumer, lease_ends_at",
             "UPDATE inbox SET lease_ends_at = NULL",
             "SELECT EXISTS (SELECT 1 FROM inbox",
-            "INSERT INTO inbox (message_id, consumer) SELECT convert_from($1",
-            "FROM unnest($2",
+            "INSERT INTO inbox (message_id, consumer) SELECT pg_catalog.convert_from($1",
+            "FROM pg_catalog.unnest($2",
         ] {
             let prepared = format!(
                 "SELECT COUNT(*) FROM pg_prepared_statements WHERE statement LIKE '%{statement}%' \

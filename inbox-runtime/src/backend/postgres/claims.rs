@@ -49,7 +49,7 @@ impl ClaimStatements for Pg {
         let (message_id, consumer) = (claim.key.message_id.clone(), claim.key.consumer.clone());
         let inserted = Prepared(diesel::sql_query(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
-             fingerprint) VALUES (convert_from($1, 'UTF8'), convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
+             fingerprint) VALUES (pg_catalog.convert_from($1, 'UTF8'), pg_catalog.convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
              ON CONFLICT DO NOTHING",
         )
         .bind::<Bytea, _>(claim.key.message_id.into_bytes())

@@ -42,8 +42,8 @@ const ON_CONFLICT: &str = " ON CONFLICT DO NOTHING";
 /// The row of the key whose UTF-8 bytes are bound as `$1`, and the consumer's as `$2`,
 /// found through the digest's index or 0.2's.
 pub(super) const BY_KEY: &str = "WHERE inbox_key_digest(consumer, message_id) = \
-     inbox_key_digest(convert_from($2, 'UTF8'), convert_from($1, 'UTF8')) \
-     AND message_id = convert_from($1, 'UTF8') AND consumer = convert_from($2, 'UTF8')";
+     inbox_key_digest(pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($1, 'UTF8')) \
+     AND message_id = pg_catalog.convert_from($1, 'UTF8') AND consumer = pg_catalog.convert_from($2, 'UTF8')";
 
 /// Which transaction a marker insert runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,9 +91,9 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
             None => "INSERT INTO inbox (message_id, consumer)",
             Some(_) => "INSERT INTO inbox (message_id, consumer, fingerprint)",
         });
-        out.push_sql(" SELECT convert_from(");
+        out.push_sql(" SELECT pg_catalog.convert_from(");
         out.push_bind_param::<Bytea, [u8]>(message_id.as_bytes())?;
-        out.push_sql(", 'UTF8'), convert_from(");
+        out.push_sql(", 'UTF8'), pg_catalog.convert_from(");
         out.push_bind_param::<Bytea, [u8]>(consumer.as_bytes())?;
         out.push_sql(", 'UTF8')");
         if let Some(fingerprint) = fingerprint {
@@ -168,15 +168,15 @@ impl QueryFragment<Pg> for MarkersInsert<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql(
             "INSERT INTO inbox (message_id, consumer) \
-             SELECT convert_from(message_id, 'UTF8'), convert_from(",
+             SELECT pg_catalog.convert_from(message_id, 'UTF8'), pg_catalog.convert_from(",
         );
         out.push_bind_param::<Bytea, [u8]>(self.consumer.as_bytes())?;
-        out.push_sql(", 'UTF8') FROM unnest(");
+        out.push_sql(", 'UTF8') FROM pg_catalog.unnest(");
         out.push_bind_param::<Array<Bytea>, Vec<&[u8]>>(&self.message_ids)?;
         out.push_sql("::bytea[]) AS batch (message_id)");
         out.push_sql(self.behind.condition());
         out.push_sql(ON_CONFLICT);
-        out.push_sql(" RETURNING convert_to(message_id, 'UTF8') AS message_id");
+        out.push_sql(" RETURNING pg_catalog.convert_to(message_id, 'UTF8') AS message_id");
         Ok(())
     }
 }
@@ -254,12 +254,12 @@ where
 {
     let missing: Vec<NewMarker> = Prepared(
         diesel::sql_query(
-            "SELECT batch.message_id FROM unnest($1::bytea[]) AS batch (message_id) \
+            "SELECT batch.message_id FROM pg_catalog.unnest($1::bytea[]) AS batch (message_id) \
              WHERE NOT EXISTS (SELECT 1 FROM inbox \
              WHERE inbox_key_digest(consumer, message_id) \
-             = inbox_key_digest(convert_from($2, 'UTF8'), convert_from(batch.message_id, 'UTF8')) \
-             AND message_id = convert_from(batch.message_id, 'UTF8') \
-             AND consumer = convert_from($2, 'UTF8'))",
+             = inbox_key_digest(pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from(batch.message_id, 'UTF8')) \
+             AND message_id = pg_catalog.convert_from(batch.message_id, 'UTF8') \
+             AND consumer = pg_catalog.convert_from($2, 'UTF8'))",
         )
         .bind::<Array<Bytea>, _>(met)
         .bind::<Bytea, _>(consumer.as_bytes()),
@@ -283,10 +283,10 @@ where
 {
     let holder: QueryResult<Vec<Holder>> = Prepared(
         diesel::sql_query(
-            "SELECT convert_to(message_id, 'UTF8') AS message_id, \
-             convert_to(consumer, 'UTF8') AS consumer FROM inbox \
+            "SELECT pg_catalog.convert_to(message_id, 'UTF8') AS message_id, \
+             pg_catalog.convert_to(consumer, 'UTF8') AS consumer FROM inbox \
              WHERE inbox_key_digest(consumer, message_id) \
-             = inbox_key_digest(convert_from($2, 'UTF8'), convert_from($1, 'UTF8'))",
+             = inbox_key_digest(pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($1, 'UTF8'))",
         )
         .bind::<Bytea, _>(message_id.as_bytes())
         .bind::<Bytea, _>(consumer.as_bytes()),

@@ -17,16 +17,16 @@ macro_rules! outgoing_columns {
     ($table:literal) => {
         concat!(
             $table,
-            ".id, convert_to(",
+            ".id, pg_catalog.convert_to(",
             $table,
             ".message_id, 'UTF8') AS message_id, ",
-            "convert_to(",
+            "pg_catalog.convert_to(",
             $table,
             ".destination, 'UTF8') AS destination, ",
-            "convert_to(",
+            "pg_catalog.convert_to(",
             $table,
             ".routing_key, 'UTF8') AS routing_key, ",
-            "convert_to(",
+            "pg_catalog.convert_to(",
             $table,
             ".ordering_key, 'UTF8') AS ordering_key, ",
             $table,
@@ -35,7 +35,7 @@ macro_rules! outgoing_columns {
             ".payload, ",
             $table,
             ".attempts, ",
-            "convert_to(",
+            "pg_catalog.convert_to(",
             $table,
             ".last_error, 'UTF8') AS last_error"
         )
@@ -69,8 +69,8 @@ impl OutboxStatements for Pg {
         let LastSeq { last_seq } = Prepared(
             diesel::sql_query(
                 "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
-                 VALUES (convert_from($1, 'UTF8'), (SELECT COALESCE(MAX(ordering_seq), 0) + 1 \
-                 FROM inbox_outbox WHERE ordering_key = convert_from($1, 'UTF8') \
+                 VALUES (pg_catalog.convert_from($1, 'UTF8'), (SELECT COALESCE(MAX(ordering_seq), 0) + 1 \
+                 FROM inbox_outbox WHERE ordering_key = pg_catalog.convert_from($1, 'UTF8') \
                  AND sent_at IS NULL)) ON CONFLICT (ordering_key) \
                  DO UPDATE SET last_seq = inbox_outbox_keys.last_seq + 1 RETURNING last_seq",
             )
@@ -88,8 +88,8 @@ impl OutboxStatements for Pg {
         Prepared(
             diesel::sql_query(
                 "INSERT INTO inbox_outbox (message_id, destination, routing_key, ordering_key, \
-                 ordering_seq, headers, payload) VALUES (convert_from($1, 'UTF8'), \
-                 convert_from($2, 'UTF8'), convert_from($3, 'UTF8'), convert_from($4, 'UTF8'), \
+                 ordering_seq, headers, payload) VALUES (pg_catalog.convert_from($1, 'UTF8'), \
+                 pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($3, 'UTF8'), pg_catalog.convert_from($4, 'UTF8'), \
                  $5, $6, $7)",
             )
             .bind::<Bytea, _>(message.message_id.into_bytes())
@@ -167,7 +167,7 @@ impl OutboxStatements for Pg {
             diesel::sql_query(
                 "UPDATE inbox_outbox SET relay_token = NULL, \
                  due_at = now() + $1 * INTERVAL '1 microsecond', \
-                 last_error = convert_from($2, 'UTF8') \
+                 last_error = pg_catalog.convert_from($2, 'UTF8') \
                  WHERE id = $3 AND relay_token = $4 AND sent_at IS NULL",
             )
             .bind::<BigInt, _>(delay_micros)
@@ -187,7 +187,7 @@ impl OutboxStatements for Pg {
         let updated = Prepared(
             diesel::sql_query(
                 "UPDATE inbox_outbox SET relay_token = NULL, parked = true, \
-                 last_error = convert_from($1, 'UTF8') \
+                 last_error = pg_catalog.convert_from($1, 'UTF8') \
                  WHERE id = $2 AND relay_token = $3 AND sent_at IS NULL",
             )
             .bind::<Bytea, _>(reason.into_bytes())
@@ -240,7 +240,7 @@ impl OutboxStatements for Pg {
         let deleted: Vec<DeletedKey> = Prepared(
             diesel::sql_query(
                 "DELETE FROM inbox_outbox WHERE id = $1 AND parked AND sent_at IS NULL \
-                 RETURNING convert_to(ordering_key, 'UTF8') AS ordering_key",
+                 RETURNING pg_catalog.convert_to(ordering_key, 'UTF8') AS ordering_key",
             )
             .bind::<BigInt, _>(id),
         )
@@ -262,7 +262,7 @@ impl OutboxStatements for Pg {
                 "DELETE FROM inbox_outbox WHERE id IN (SELECT id FROM inbox_outbox \
                  WHERE sent_at < now() - $1 * INTERVAL '1 microsecond' \
                  ORDER BY sent_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 RETURNING convert_to(ordering_key, 'UTF8') AS ordering_key",
+                 RETURNING pg_catalog.convert_to(ordering_key, 'UTF8') AS ordering_key",
             )
             .bind::<BigInt, _>(window_micros)
             .bind::<BigInt, _>(limit),
@@ -281,7 +281,7 @@ impl OutboxStatements for Pg {
             diesel::sql_query(
                 "DELETE FROM inbox_outbox_keys k WHERE k.ordering_key IN \
                  (SELECT ordering_key FROM inbox_outbox_keys WHERE ordering_key IN \
-                 (SELECT convert_from(key, 'UTF8') FROM unnest($1) AS key) \
+                 (SELECT pg_catalog.convert_from(key, 'UTF8') FROM pg_catalog.unnest($1) AS key) \
                  FOR UPDATE SKIP LOCKED) AND NOT EXISTS (SELECT 1 FROM inbox_outbox o \
                  WHERE o.ordering_key = k.ordering_key AND o.sent_at IS NULL)",
             )
