@@ -78,6 +78,14 @@
 //! killing its consumer lands in the dead-letter queue too; the retry queues return
 //! messages at least once (`x-dead-letter-strategy: at-least-once`).
 //!
+//! A copy keeps the delivery's properties and headers but for those the broker acts on:
+//! not its `expiration` (the retry queue's delay decides, and a dead letter is kept),
+//! nor its `user_id`, which RabbitMQ checks against the publishing connection's user;
+//! nor its dead-lettering history (`x-death`, `x-first-death-*`, `x-last-death-*`), with
+//! which a message moved back from the dead-letter queue would be taken for a
+//! dead-letter cycle on its way back from a retry queue and dropped; nor `CC` and `BCC`,
+//! which would send the queues they name another copy.
+//!
 //! # The wait for an ack
 //!
 //! RabbitMQ takes back a delivery left unacked for the server's `consumer_timeout` (30

@@ -333,7 +333,7 @@ impl Queues {
         headers.insert(RETRIES_HEADER.into(), AMQPValue::LongLongInt(retry.into()));
         // The queue's TTL alone decides: a producer's shorter `expiration` would return
         // the copy early.
-        let properties = without_expiration(&delivery.properties).with_headers(headers);
+        let properties = copied_properties(&delivery.properties).with_headers(headers);
         self.declare_retry_queue(channel, tier).await?;
         let queue = self.retry_queue_of(tier);
         // A quorum queue that consumers declared at the same instant refuses copies until
@@ -367,7 +367,7 @@ impl Queues {
             REASON_HEADER.into(),
             AMQPValue::LongString(LongString::from(reason)),
         );
-        let properties = without_expiration(&delivery.properties).with_headers(headers);
+        let properties = copied_properties(&delivery.properties).with_headers(headers);
         self.publish_confirmed(channel, &self.dead_letter, delivery, properties)
             .await
     }
@@ -424,13 +424,41 @@ fn long_string(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
+/// Headers the broker acts on that a copy must not carry over: the dead-lettering history,
+/// which names the work queue for a message that came back from the dead-letter queue (a
+/// shovel, "move messages"), and would make RabbitMQ take the copy's return from the
+/// retry queue for a dead-letter cycle and drop it; and sender-selected distribution,
+/// which would send the copy to the queues named again.
+const NOT_COPIED_HEADERS: &[&str] = &[
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+    "CC",
+    "BCC",
+];
+
+/// The delivery's headers, for its copy: less those of [`NOT_COPIED_HEADERS`].
 fn headers_of(delivery: &Delivery) -> FieldTable {
-    delivery.properties.headers().clone().unwrap_or_default()
+    let mut headers = FieldTable::default();
+    if let Some(original) = delivery.properties.headers() {
+        for (name, value) in original.inner() {
+            if !NOT_COPIED_HEADERS.contains(&name.as_str()) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    headers
 }
 
-/// The delivery's properties less its `expiration`, so that a dead letter is kept until a
-/// person reads it, whatever TTL the producer gave the message.
-fn without_expiration(properties: &BasicProperties) -> BasicProperties {
+/// The delivery's properties for its copy: less its `expiration`, so that a dead letter is
+/// kept until a person reads it, whatever TTL the producer gave the message; and less its
+/// `user_id`, which RabbitMQ checks against the publishing connection's user, and which
+/// would close the channel for a message another user published.
+fn copied_properties(properties: &BasicProperties) -> BasicProperties {
     let mut copy = BasicProperties::default();
     macro_rules! copy {
         ($($get:ident => $set:ident),* $(,)?) => {$(
@@ -450,7 +478,6 @@ fn without_expiration(properties: &BasicProperties) -> BasicProperties {
         message_id => with_message_id,
         timestamp => with_timestamp,
         kind => with_type,
-        user_id => with_user_id,
         app_id => with_app_id,
         cluster_id => with_cluster_id,
     );
@@ -460,6 +487,20 @@ fn without_expiration(properties: &BasicProperties) -> BasicProperties {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RabbitMQ closes the channel of a publish whose `user_id` is not the connection's
+    /// user: a copy of a message another user published could never be stored.
+    #[test]
+    fn a_copy_leaves_out_the_expiration_and_the_user_id() {
+        let original = BasicProperties::default()
+            .with_expiration("1000".into())
+            .with_user_id("producer".into())
+            .with_message_id("m-1".into());
+        let copy = copied_properties(&original);
+        assert_eq!(copy.expiration(), &None);
+        assert_eq!(copy.user_id(), &None);
+        assert_eq!(copy.message_id(), original.message_id());
+    }
 
     #[test]
     fn retention_counts_every_trip_through_the_retry_queues() {

@@ -276,6 +276,104 @@ async fn a_dead_letter_keeps_the_message_and_its_reason() {
     broker.cleanup().await;
 }
 
+/// A message that came back from the dead-letter queue (a shovel, "move messages")
+/// carries a dead-lettering history that names the work queue: copied onto a retry, it
+/// made RabbitMQ take the copy's return from the retry queue for a dead-letter cycle and
+/// drop it, after the delivery was acked. Nor do the copies carry the `CC` of their
+/// original, which sent the queues named another copy.
+#[tokio::test]
+async fn copies_carry_neither_a_dead_lettering_history_nor_a_cc() {
+    let Some(broker) = broker("history").await else {
+        return;
+    };
+    let audit = format!("{}.audit", broker.queues.work());
+    broker
+        .channel
+        .queue_declare(
+            &audit,
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the audit queue");
+    let work = broker.queues.work();
+    let mut death = FieldTable::default();
+    death.insert("queue".into(), AMQPValue::LongString(work.into()));
+    death.insert("reason".into(), AMQPValue::LongString("expired".into()));
+    death.insert("count".into(), AMQPValue::LongLongInt(1));
+    death.insert("exchange".into(), AMQPValue::LongString("".into()));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into()),
+    );
+    headers.insert(
+        "x-first-death-queue".into(),
+        AMQPValue::LongString(work.into()),
+    );
+    headers.insert(
+        "x-first-death-reason".into(),
+        AMQPValue::LongString("expired".into()),
+    );
+    headers.insert(
+        "CC".into(),
+        AMQPValue::FieldArray(vec![AMQPValue::LongString(audit.as_str().into())].into()),
+    );
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id("m-1".into())
+        .with_headers(headers);
+    broker
+        .channel
+        .basic_publish(
+            "",
+            work,
+            BasicPublishOptions::default(),
+            b"payload",
+            properties,
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("publish confirmed");
+
+    let first = broker.get(work).await.expect("delivery");
+    let retried = broker
+        .settle(&first, &Disposition::Retry { after: None })
+        .await;
+    assert!(
+        matches!(retried, Settled::Retried { retry: 1, .. }),
+        "{retried:?}"
+    );
+    let again = broker
+        .next(work, Duration::from_secs(10))
+        .await
+        .expect("back from the retry queue, not dropped as a dead-letter cycle");
+    assert_eq!(message_key(&again), Ok("m-1"));
+    let reason = "refused".to_owned();
+    broker
+        .settle(&again, &Disposition::DeadLetter { reason })
+        .await;
+    let dead = broker
+        .get(broker.queues.dead_letter())
+        .await
+        .expect("dead letter");
+    let headers = dead.properties.headers().clone().expect("headers");
+    assert!(!headers.inner().contains_key("CC"), "{headers:?}");
+    // The original's one copy, none of the retry's or the dead letter's.
+    let mut copies = 0;
+    while broker.get(&audit).await.is_some() {
+        copies += 1;
+    }
+    assert_eq!(copies, 1);
+    broker
+        .channel
+        .queue_delete(&audit, Default::default())
+        .await
+        .expect("delete the audit queue");
+    broker.cleanup().await;
+}
+
 #[tokio::test]
 async fn retries_past_the_limit_are_dead_lettered() {
     let Some(mut broker) = broker("retry-limit").await else {
