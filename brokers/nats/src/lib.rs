@@ -75,7 +75,11 @@
 //! with the same producer id into one dead-letter stream would otherwise see the second
 //! copy dropped as a duplicate, after terminating its original. The producer's id stays
 //! on the copy, in [`ORIGINAL_ID_HEADER`], and [`message_key`] gives the copy its
-//! original's key.
+//! original's key, also when a consumer of the dead letters dead-letters the copy again.
+//! The copy keeps the message's headers but JetStream's publish controls
+//! (`Nats-Expected-*`, `Nats-Rollup`, `Nats-TTL`), which the dead-letter stream would
+//! check or act on: `Nats-Expected-Stream` would refuse every copy, and `Nats-Rollup`
+//! purge the dead letters before it.
 //!
 //! # The wait for an ack
 //!
@@ -383,7 +387,7 @@ impl Settlement {
     }
 
     async fn dead_letter(&self, message: &Message, reason: &str) -> Result<(), async_nats::Error> {
-        let mut headers = message.headers.clone().unwrap_or_default();
+        let mut headers = copied_headers(message);
         // Header values cannot hold line breaks.
         let reason: String = reason
             .chars()
@@ -392,12 +396,18 @@ impl Settlement {
         headers.insert(REASON_HEADER, reason.as_str());
         if let Ok(info) = message.info() {
             let (stream, sequence) = (info.stream, info.stream_sequence);
-            headers.insert(STREAM_HEADER, stream);
-            headers.insert(SEQUENCE_HEADER, sequence.to_string().as_str());
-            headers.insert(CONSUMER_HEADER, info.consumer);
-            if let Some(original) = headers.get(NATS_MESSAGE_ID).cloned() {
-                headers.insert(ORIGINAL_ID_HEADER, original);
+            // A dead letter dead-lettered again keeps its original's key (see
+            // `message_key`), not the copy's.
+            let a_copy =
+                headers.get(ORIGINAL_ID_HEADER).is_some() || headers.get(SEQUENCE_HEADER).is_some();
+            if !a_copy {
+                headers.insert(STREAM_HEADER, stream);
+                headers.insert(SEQUENCE_HEADER, sequence.to_string().as_str());
+                if let Some(original) = headers.get(NATS_MESSAGE_ID).cloned() {
+                    headers.insert(ORIGINAL_ID_HEADER, original);
+                }
             }
+            headers.insert(CONSUMER_HEADER, info.consumer);
             // One id per stored message and consumer: the dead-letter stream drops only
             // the copy that a crash before `+TERM` makes this consumer publish again.
             let copy = format!("{stream}#{sequence}#{}", info.consumer);
@@ -406,6 +416,37 @@ impl Settlement {
         publish_confirmed(message, &self.dead_letter_subject, headers).await?;
         message.ack_with(AckKind::Term).await
     }
+}
+
+/// Headers with which the producer told JetStream how to store the message: on the dead
+/// letter they would be checked against the dead-letter stream (`Nats-Expected-Stream`
+/// refused every copy, so the message could never be dead-lettered) or act on it
+/// (`Nats-Rollup` purged the dead letters before it).
+const PUBLISH_CONTROL_HEADERS: &[&str] = &[
+    "Nats-Expected-Stream",
+    "Nats-Expected-Last-Msg-Id",
+    "Nats-Expected-Last-Sequence",
+    "Nats-Expected-Last-Subject-Sequence",
+    "Nats-Rollup",
+    "Nats-TTL",
+];
+
+/// The message's headers, for its dead letter: less those of [`PUBLISH_CONTROL_HEADERS`].
+fn copied_headers(message: &Message) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, values) in message.headers.iter().flat_map(HeaderMap::iter) {
+        let text: &str = name.as_ref();
+        if PUBLISH_CONTROL_HEADERS
+            .iter()
+            .any(|control| control.eq_ignore_ascii_case(text))
+        {
+            continue;
+        }
+        for value in values {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
 }
 
 async fn publish_confirmed(

@@ -224,6 +224,78 @@ async fn a_dead_letter_is_stored_with_its_reason_and_terminated() {
     broker.cleanup().await;
 }
 
+/// A message published with JetStream's publish-control headers is dead-lettered without
+/// them: `Nats-Expected-Stream` names the work stream, and the dead-letter stream refused
+/// every copy that carried it, so the message could never be dead-lettered. A dead letter
+/// dead-lettered again (by a consumer of the dead letters, to a stream of its own) keeps
+/// its original's key.
+#[tokio::test]
+async fn dead_letters_leave_out_publish_controls_and_keep_their_key() {
+    let Some(broker) = broker("dead_letter_controls").await else {
+        return;
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, "m-1");
+    headers.insert("Nats-Expected-Stream", broker.name.as_str());
+    broker
+        .jetstream
+        .publish_with_headers(format!("{}.work", broker.name), headers, "payload".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("publish acknowledged");
+    let delivery = next(&broker.consumer, SOON).await.expect("delivery");
+    let refused = Disposition::DeadLetter {
+        reason: "refused".to_owned(),
+    };
+    broker.settle(&delivery, &refused).await;
+    let dead = next(&broker.dead_letters, SOON).await.expect("dead letter");
+    let headers = dead.headers.clone().expect("headers");
+    assert!(headers.get("Nats-Expected-Stream").is_none());
+    assert_eq!(
+        message_key(&dead).map(|key| key.to_string()),
+        Ok("m-1".to_owned())
+    );
+
+    // Dead-lettered again, from the dead letters to a stream of their own.
+    let again = format!("{}_again", broker.name);
+    let _ = broker.jetstream.delete_stream(&again).await;
+    let stream = broker
+        .jetstream
+        .create_stream(stream::Config {
+            name: again.clone(),
+            subjects: vec![format!("{again}.in")],
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    Settlement::new(format!("{again}.in"))
+        .settle(&dead, &refused)
+        .await
+        .expect("settle the dead letter");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("again".to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let twice = next(&consumer, SOON)
+        .await
+        .expect("dead letter of a dead letter");
+    assert_eq!(
+        message_key(&twice).map(|key| key.to_string()),
+        Ok("m-1".to_owned())
+    );
+    broker
+        .jetstream
+        .delete_stream(&again)
+        .await
+        .expect("delete stream");
+    broker.cleanup().await;
+}
+
 #[tokio::test]
 async fn retries_past_the_delivery_limit_are_dead_lettered() {
     let Some(mut broker) = broker("retry_limit").await else {
