@@ -610,6 +610,74 @@ async fn a_fast_path_read_with_autocommit_off_holds_no_lock_after_it() {
     db.cleanup().await;
 }
 
+/// The relay's calls each run in a transaction of their own. One dropped midway leaves
+/// that transaction open on the connection: the next call refuses the connection rather
+/// than open a savepoint inside it, where it read the dropped call's answers for its own
+/// (an empty take while messages were due) or panicked in diesel-async's transaction
+/// manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_call_dropped_midway_leaves_its_connection_refused() {
+    let Some(db) = create("relay_call_dropped").await else {
+        return;
+    };
+    bounded(async {
+        let mut setup = db.connect().await;
+        diesel_inbox::outbox::migrate(&mut setup)
+            .await
+            .expect("migrate the outbox");
+        let lease = Duration::from_secs(30);
+        let mut left_open = 0;
+        for pendings in 1..10 {
+            let message = diesel_inbox::outbox::OutboxMessage::new("d", b"payload".to_vec());
+            diesel_inbox::outbox::enqueue(&mut setup, message)
+                .await
+                .expect("enqueue");
+            let mut conn = db.connect().await;
+            let take = diesel_inbox::outbox::take(&mut conn, lease, 10);
+            if drop_after(pendings, take).await.is_some() {
+                break;
+            }
+            let depth =
+                <diesel_async::AnsiTransactionManager as diesel_async::TransactionManager<
+                    AsyncMysqlConnection,
+                >>::transaction_manager_status_mut(&mut conn)
+                .transaction_depth();
+            if !matches!(depth, Ok(Some(_))) {
+                continue;
+            }
+            left_open += 1;
+            let next = diesel_inbox::outbox::take(&mut conn, lease, 10).await;
+            let error = next
+                .map(|taken| taken.len())
+                .expect_err("the connection is refused");
+            assert_eq!(
+                classify(&error),
+                ErrorClass::ConnectionUnusable,
+                "after {pendings} pendings: {error}"
+            );
+        }
+        assert!(left_open > 0, "some drop left the call's transaction open");
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// Polls `future` until it has returned `Pending` `pendings` times and drops it there;
+/// `Some` when it finished first.
+async fn drop_after<F: std::future::Future>(pendings: usize, future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut waited = 0;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending if waited + 1 == pendings => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            waited += 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Counts its calls, in claim mode.
 #[idempotent(consumer = "charset-claim", key = key, claim)]
 async fn record_claimed(

@@ -14,6 +14,7 @@ use crate::backend::outbox_statements::{
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
 use crate::backend::{enter_transaction, roll_back_for};
+use crate::enclosing::{Enclosing, enclosing_transaction};
 
 /// A row's id, as the take reads it before updating.
 #[derive(diesel::QueryableByName)]
@@ -416,7 +417,9 @@ where
 }
 
 /// Begins a transaction with `statements`, in one round trip; inside a test
-/// transaction, a savepoint instead.
+/// transaction, a savepoint instead. A connection inside any other transaction is
+/// refused: one of the relay's own calls dropped midway leaves its transaction open, and
+/// a savepoint there would read that call's answers for its own.
 ///
 /// The `COMMIT` first ends what `START TRANSACTION` would end anyway: a transaction the
 /// session opened without diesel knowing, by a read with autocommit off or by a `COMMIT`
@@ -427,10 +430,7 @@ async fn begin_with<C>(conn: &mut C, statements: &str) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    if C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()?
-        .is_some()
-    {
+    if let Enclosing::TestTransaction = enclosing_transaction(conn)? {
         return C::TransactionManager::begin_transaction(conn).await;
     }
     enter_transaction(conn)?;
