@@ -18,7 +18,10 @@ type Connecting =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Conn, TestDatabaseError>> + Send>>;
 
 /// A broker that takes `delay` to confirm, refuses payloads starting with `refuse`
-/// once, and can never take those starting with `never`.
+/// once, and can never take those starting with `never`. Once each too, its client
+/// panics on payloads starting with `panic`, and fails those starting with `nul` with a
+/// NUL in its error's text, those starting with `long` with 70,000 characters of text,
+/// and those starting with `forever` asking to be tried again in `Duration::MAX`.
 #[derive(Default)]
 struct Recorder {
     delay: Duration,
@@ -33,11 +36,21 @@ impl Publisher for &'static Recorder {
         if payload.starts_with("never") {
             return Err(PublishError::unpublishable("no such destination"));
         }
-        if payload.starts_with("refuse") {
+        let once = ["refuse", "panic", "nul", "long", "forever"]
+            .into_iter()
+            .find(|prefix| payload.starts_with(prefix));
+        if let Some(prefix) = once {
             let mut refused = self.refused.lock().unwrap();
             if !refused.contains(&payload) {
                 refused.push(payload);
-                return Err(PublishError::retryable("the broker is busy"));
+                drop(refused);
+                return Err(match prefix {
+                    "panic" => panic!("the client's invariant broke"),
+                    "nul" => PublishError::retryable("bad\0frame"),
+                    "long" => PublishError::retryable("x".repeat(70_000)),
+                    "forever" => PublishError::retryable("later").retry_after(Duration::MAX),
+                    _ => PublishError::retryable("the broker is busy"),
+                });
             }
         }
         self.published.lock().unwrap().push(payload);
@@ -94,6 +107,40 @@ async fn retries_what_may_pass_and_parks_what_never_will() {
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].payload(), b"never-c");
     assert_eq!(parked[0].last_error(), Some("no such destination"));
+    drop(conn);
+    db.cleanup().await.unwrap();
+}
+
+/// A publisher that panics, or fails with an error text or a delay that the database
+/// could not store, costs its own message a retry and nothing else: the panic ended the
+/// relay's task, and the refused text or delay failed the whole round, whose messages,
+/// published already, were then neither sent nor settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_publish_failures_hold_back_nothing_else() {
+    let payloads = ["a", "panic-b", "nul-c", "long-d", "forever-e", "f"];
+    let (db, mut conn) = outbox_with("relay_odd_failures", &payloads).await;
+    let recorder: &'static Recorder = Box::leak(Box::default());
+    let relay = Relay::spawn(db.clone(), recorder, eager());
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while count(
+            &mut conn,
+            "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NOT NULL",
+        )
+        .await
+            < 5
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every message but the one retried in a century is sent");
+    relay.shut_down().await;
+
+    let mut published = recorder.published.lock().unwrap().clone();
+    published.sort();
+    assert_eq!(published, ["a", "f", "long-d", "nul-c", "panic-b"]);
+    let waiting = "SELECT COUNT(*) FROM inbox_outbox WHERE sent_at IS NULL AND parked = 0";
+    assert_eq!(count(&mut conn, waiting).await, 1, "forever-e waits");
     drop(conn);
     db.cleanup().await.unwrap();
 }

@@ -1,11 +1,13 @@
 //! The relay: a background task that publishes the outbox's committed messages
 //! (feature `relay`).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use diesel_async::AsyncConnection;
+use futures_util::FutureExt as _;
 use futures_util::future::join_all;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -353,12 +355,14 @@ where
     };
     let published = join_all(taken.iter().map(|taken| async {
         let started = Instant::now();
-        let published =
-            tokio::time::timeout(settings.publish_timeout, publisher.publish(taken.message()))
-                .await;
+        // A publisher that panics fails its publish, rather than end the relay's task
+        // with the round's messages leased.
+        let publish = AssertUnwindSafe(publisher.publish(taken.message())).catch_unwind();
+        let published = tokio::time::timeout(settings.publish_timeout, publish).await;
         let (published, outcome) = match published {
-            Ok(Ok(())) => (Ok(()), "confirmed"),
-            Ok(Err(error)) => (Err(error), "failed"),
+            Ok(Ok(Ok(()))) => (Ok(()), "confirmed"),
+            Ok(Ok(Err(error))) => (Err(error), "failed"),
+            Ok(Err(panic)) => (Err(PublishError::retryable(panicked(&*panic))), "failed"),
             Err(elapsed) => (Err(PublishError::retryable(elapsed)), "timed_out"),
         };
         (published, (outcome, started.elapsed()))
@@ -392,6 +396,16 @@ where
     #[cfg(not(feature = "metrics"))]
     let _ = durations;
     Ok(settled)
+}
+
+/// The error of a publish whose publisher panicked, with the panic's message.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    format!("the publisher panicked: {message}")
 }
 
 /// Parks a message that cannot be published (`true`), or schedules it again.

@@ -137,8 +137,8 @@ impl Taken {
         C: AsyncConnection,
         C::Backend: InboxBackend,
     {
-        let delay = micros(delay);
-        let error = error.to_string();
+        let delay = micros(delay.min(LONGEST_DELAY));
+        let error = storable(error.to_string());
         C::Backend::retry_later(conn, self.message.id, self.token, delay, error).await
     }
 
@@ -149,7 +149,7 @@ impl Taken {
         C: AsyncConnection,
         C::Backend: InboxBackend,
     {
-        let reason = reason.to_string();
+        let reason = storable(reason.to_string());
         C::Backend::park(conn, self.message.id, self.token, reason).await
     }
 }
@@ -178,7 +178,8 @@ where
 {
     let token = uuid::Uuid::new_v4().to_string();
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = C::Backend::take_due(conn, token.clone(), micros(lease), limit).await?;
+    let lease = micros(lease.min(LONGEST_DELAY));
+    let rows = C::Backend::take_due(conn, token.clone(), lease, limit).await?;
     rows.into_iter()
         .map(|row| {
             Ok(Taken {
@@ -230,8 +231,51 @@ where
 
 /// A duration in whole microseconds, as the statements take it; at least one, and
 /// saturated at what an `i64` holds.
+/// The longest lease or retry delay: a century, as good as forever, and still a time
+/// every backend can hold once added to now (a longer one failed the statement, and the
+/// relay's whole round with it).
+const LONGEST_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The longest error text kept with a message, in bytes.
+const LONGEST_ERROR: usize = 4096;
+
+/// `text` as every backend stores it: without NULs, which PostgreSQL's `text` refuses,
+/// and cut at [`LONGEST_ERROR`] bytes (a MySQL `TEXT` holds 64 KiB). A publisher's
+/// error the database refused failed the relay's whole round, whose other messages,
+/// published already, then went out again at every lease.
+fn storable(text: String) -> String {
+    let mut text = if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    };
+    if text.len() > LONGEST_ERROR {
+        let mut end = LONGEST_ERROR - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 pub(super) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros())
         .unwrap_or(i64::MAX)
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LONGEST_ERROR, storable};
+
+    #[test]
+    fn error_texts_are_stored_without_nuls_and_cut_at_a_char_boundary() {
+        assert_eq!(storable("bad\0frame".to_owned()), "bad\u{FFFD}frame");
+        assert_eq!(storable("fine".to_owned()), "fine");
+        let long = storable("é".repeat(LONGEST_ERROR));
+        assert!(long.len() <= LONGEST_ERROR, "{}", long.len());
+        assert!(long.ends_with("é…"), "{long}");
+    }
 }
