@@ -47,15 +47,14 @@ pub(super) fn fingerprinted_insert(
 /// parameter that the statement unhexes (see `mysql/markers.rs`).
 #[cfg(feature = "mysql")]
 pub(crate) fn hex_digits(text: impl AsRef<[u8]>) -> String {
-    use std::fmt::Write as _;
-
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     let bytes = text.as_ref();
-    bytes
-        .iter()
-        .fold(String::with_capacity(2 * bytes.len()), |mut hex, byte| {
-            write!(hex, "{byte:02X}").expect("writing to a String cannot fail");
-            hex
-        })
+    let mut hex = String::with_capacity(2 * bytes.len());
+    for byte in bytes {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0x0F)]));
+    }
+    hex
 }
 
 /// `INSERT INTO inbox (message_id, consumer) VALUES (?, ?), …`, one row per id in the
@@ -154,4 +153,16 @@ pub(super) fn chunks(mut message_ids: Vec<String>, size: usize) -> Vec<Vec<Strin
         chunks.push(message_ids);
     }
     chunks
+}
+
+#[cfg(all(test, feature = "mysql"))]
+mod tests {
+    use super::hex_digits;
+
+    #[test]
+    fn hex_digits_are_each_bytes_upper_case() {
+        assert_eq!(hex_digits("é\0A\u{7F}"), "C3A900417F");
+        assert_eq!(hex_digits([0xFF_u8, 0x10]), "FF10");
+        assert_eq!(hex_digits(""), "");
+    }
 }
