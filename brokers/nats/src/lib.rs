@@ -381,7 +381,7 @@ impl Settlement {
             self.dead_letter(message, &reason).await?;
             return Ok(Settled::DeadLettered { reason });
         }
-        let after = after.unwrap_or(self.retry_delay);
+        let after = after.unwrap_or(self.retry_delay).min(LONGEST_RETRY_DELAY);
         message.ack_with(AckKind::Nak(Some(after))).await?;
         Ok(Settled::Retried { after })
     }
@@ -448,6 +448,11 @@ fn copied_headers(message: &Message) -> HeaderMap {
     }
     headers
 }
+
+/// The longest delay a retry waits: a century, as good as forever. JetStream takes the
+/// delay in nanoseconds as an `i64`: a longer one (from about 292 years) overflowed, and
+/// the server redelivered the message at once.
+const LONGEST_RETRY_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 async fn publish_confirmed(
     message: &Message,

@@ -195,6 +195,27 @@ async fn a_retry_is_redelivered_after_its_delay() {
     broker.cleanup().await;
 }
 
+/// A retry after `Duration::MAX` waits a century, not a moment: JetStream takes the
+/// delay in nanoseconds as an `i64`, and an overflowed one redelivered at once.
+#[tokio::test]
+async fn a_retry_after_forever_is_not_redelivered_at_once() {
+    let Some(broker) = broker("retry_forever").await else {
+        return;
+    };
+    broker.publish(Some("m-1"), b"payload").await;
+    let first = next(&broker.consumer, SOON).await.expect("delivery");
+    let forever = Disposition::Retry {
+        after: Some(Duration::MAX),
+    };
+    let settled = broker.settle(&first, &forever).await;
+    assert!(matches!(settled, Settled::Retried { .. }), "{settled:?}");
+    assert!(
+        next(&broker.consumer, NOT_YET * 3).await.is_none(),
+        "held back"
+    );
+    broker.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_dead_letter_is_stored_with_its_reason_and_terminated() {
     let Some(broker) = broker("dead_letter").await else {
