@@ -49,27 +49,29 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // An exclusive lock on the key's row, held to the end of the transaction; the
-        // read that follows sees this transaction's own update.
-        Prepared(
-            diesel::sql_query(
-                // A locking read, of the latest rows: a key whose row was pruned
-                // starts after its unsent messages.
-                "INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
-                 SELECT UNHEX(?), COALESCE(MAX(ordering_seq), 0) + 1 FROM inbox_outbox \
-                 WHERE ordering_key = UNHEX(?) AND sent_at IS NULL \
-                 ON DUPLICATE KEY UPDATE last_seq = inbox_outbox_keys.last_seq + 1",
-            )
-            .bind::<Text, _>(hex_digits(&ordering_key))
-            .bind::<Text, _>(hex_digits(&ordering_key)),
-        )
-        .execute(conn)
+        // The key's unsent messages are read without a lock (a consistent read), and
+        // the key's row is inserted or counted on: an exclusive lock on that row alone,
+        // held to the end of the transaction, which the read after sees. A locking read
+        // of the messages here locked ranges of the outbox's index (InnoDB's next-key
+        // locks at REPEATABLE READ), and enqueues under different keys deadlocked on
+        // them. The read only matters for a key without a row, whose row was deleted
+        // with its last unsent message: then every unsent one of the key committed since
+        // made the row again, which the insert meets and counts on. One text batch, the
+        // values as hex literals: one round trip for the two.
+        let key = hex_digits(&ordering_key);
+        conn.batch_execute(&format!(
+            "SELECT COALESCE(MAX(ordering_seq), 0) INTO @inbox_outbox_seq FROM inbox_outbox \
+             WHERE ordering_key = X'{key}' AND sent_at IS NULL; \
+             INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
+             VALUES (X'{key}', @inbox_outbox_seq + 1) \
+             ON DUPLICATE KEY UPDATE last_seq = inbox_outbox_keys.last_seq + 1"
+        ))
         .await?;
         let LastSeq { last_seq } = Prepared(
             diesel::sql_query(
                 "SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = UNHEX(?)",
             )
-            .bind::<Text, _>(hex_digits(&ordering_key)),
+            .bind::<Text, _>(key),
         )
         .get_result(conn)
         .await?;
