@@ -4,8 +4,6 @@
 //! and redeliveries finish the work exactly once. Against the real servers.
 
 use std::future::Future;
-use std::pin::pin;
-use std::task::Poll;
 use std::time::Duration;
 
 use diesel::result::Error;
@@ -226,22 +224,6 @@ async fn create_steps<C: TestConnection>(conn: &mut C) {
     .expect("create steps");
 }
 
-/// Polls `future` until it has returned `Pending` `pendings` times, each an await that
-/// waited, and drops it there; `Some` when it finished first.
-async fn cancel_at<F: Future>(pendings: usize, future: F) -> Option<F::Output> {
-    let mut future = pin!(future);
-    let mut waited = 0;
-    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
-        Poll::Ready(output) => Poll::Ready(Some(output)),
-        Poll::Pending if waited + 1 == pendings => Poll::Ready(None),
-        Poll::Pending => {
-            waited += 1;
-            Poll::Pending
-        }
-    })
-    .await
-}
-
 /// How many rows of `kind` (a `LIKE` pattern) the message has, and how many markers of
 /// `consumer`, completed ones only, read on `conn` in one statement: a COMMIT that a
 /// cancelled call left in flight must not land between the two counts.
@@ -301,7 +283,7 @@ async fn every_cancellation_leaves_whole_messages<C: TestConnection>(
         conn.batch_execute(session)
             .await
             .expect("the caller's session");
-        let finished = cancel_at(pendings, outer_claim(&mut conn, &message)).await;
+        let finished = common::drop_after(pendings, outer_claim(&mut conn, &message)).await;
         assert_whole(&mut other, &message.id).await;
 
         // A connection left inside a transaction says so, and pools discard it. One

@@ -634,7 +634,7 @@ async fn a_relay_call_dropped_midway_leaves_its_connection_refused() {
                 .expect("enqueue");
             let mut conn = db.connect().await;
             let take = diesel_inbox::outbox::take(&mut conn, lease, 10);
-            if drop_after(pendings, take).await.is_some() {
+            if common::drop_after(pendings, take).await.is_some() {
                 break;
             }
             let depth =
@@ -723,22 +723,6 @@ async fn handlers_enqueuing_under_different_keys_never_deadlock() {
     })
     .await;
     db.cleanup().await;
-}
-
-/// Polls `future` until it has returned `Pending` `pendings` times and drops it there;
-/// `Some` when it finished first.
-async fn drop_after<F: std::future::Future>(pendings: usize, future: F) -> Option<F::Output> {
-    let mut future = std::pin::pin!(future);
-    let mut waited = 0;
-    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
-        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
-        std::task::Poll::Pending if waited + 1 == pendings => std::task::Poll::Ready(None),
-        std::task::Poll::Pending => {
-            waited += 1;
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }
 
 /// Counts its calls, in claim mode.

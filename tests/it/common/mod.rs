@@ -1253,6 +1253,22 @@ pub async fn fast_path_adapts_to_duplicates<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 1).await, vec![100]);
 }
 
+/// Polls `future` until it has returned `Pending` `pendings` times, each an await that
+/// waited, and drops it there; `Some` when it finished first.
+pub async fn drop_after<F: Future>(pendings: usize, future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut waited = 0;
+    std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending if waited + 1 == pendings => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            waited += 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Runs a scenario to its end, or fails it after two minutes: a planted bug must end in a
 /// red test, never in a stalled CI.
 pub async fn bounded<T>(scenario: impl Future<Output = T>) -> T {
