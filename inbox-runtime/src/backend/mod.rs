@@ -13,6 +13,7 @@
 //! | `outbox.rs` | the outbox's statements |
 //! | `testing.rs` | the test database: a schema, a database or a file per test |
 //! | `session.rs` (MySQL) | the session state the transaction keeps, in one table |
+//! | `call.rs` (MySQL) | statements sent outside any transaction (claim mode's, the fast path's read): their commit, and the connection marked while they are in flight |
 //! | `markers.rs` (PostgreSQL, MySQL) | a marker found by its key through the digest's index or 0.2's, and a duplicate told from a collision; on PostgreSQL also the marker's statements, keys bound as bytes |
 //! | `pipeline.rs` (PostgreSQL) | BEGIN and the insert in one round trip |
 //! | `upgrade.rs` (PostgreSQL, MySQL) | the unique index on the key's digest, and the upgrade of 0.2's |

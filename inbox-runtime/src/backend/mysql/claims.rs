@@ -8,11 +8,11 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::InFlight;
 use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
-use crate::enclosing::{Enclosing, enclosing_transaction};
+
+use super::call::Call;
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str =
@@ -239,54 +239,4 @@ where
     .await;
     call.committed(conn, rows.map(|rows| rows.into_iter().next()))
         .await
-}
-
-/// A claim statement's call: whether it commits on its own, and the connection marked
-/// in flight until its answers are in ([`InFlight`]: a call dropped before then would
-/// leave the next user of the connection reading this one's answers).
-struct Call {
-    /// No transaction encloses the call: what it does commits on its own. Inside a test
-    /// transaction, or an operator's call inside the caller's transaction, it is part
-    /// of that transaction instead.
-    commits: bool,
-    in_flight: InFlight,
-}
-
-impl Call {
-    fn start<C: AsyncConnection>(conn: &mut C) -> QueryResult<Self> {
-        let commits = matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing));
-        Ok(Self {
-            commits,
-            in_flight: InFlight::mark(conn)?,
-        })
-    }
-
-    /// `statement`'s result, once what it did is committed. Where the session has
-    /// autocommit off (a server's `autocommit = 0`, an `init_connect`, a body's `SET
-    /// autocommit = 0`), the statement opened a transaction that nobody would commit,
-    /// and other deliveries would never see the claim, or its completion. With
-    /// autocommit on there is no transaction, and the `COMMIT` does nothing. Turning
-    /// autocommit on for the delivery instead would have to be undone on every way out
-    /// of it, a cancellation included, and claims nested on one connection would undo
-    /// each other's.
-    async fn committed<T, C>(self, conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
-    where
-        C: AsyncConnection<Backend = Mysql>,
-    {
-        let committed = match statement {
-            Ok(result) if self.commits => conn.batch_execute("COMMIT").await.map(|()| result),
-            other => other,
-        };
-        self.answered(conn, committed)
-    }
-
-    /// `result`, the call's answers all in.
-    fn answered<T, C: AsyncConnection>(
-        self,
-        conn: &mut C,
-        result: QueryResult<T>,
-    ) -> QueryResult<T> {
-        self.in_flight.answered(conn);
-        result
-    }
 }

@@ -273,6 +273,8 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 }
 
 #[cfg(feature = "mysql")]
+mod call;
+#[cfg(feature = "mysql")]
 mod claims;
 #[cfg(feature = "mysql")]
 mod ddl;

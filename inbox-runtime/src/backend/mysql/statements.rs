@@ -13,10 +13,10 @@ use crate::backend::prepared::Prepared;
 use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits};
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{InFlight, end_unless_inserted, enter_transaction};
-use crate::enclosing::{Enclosing, enclosing_transaction};
+use crate::backend::{end_unless_inserted, enter_transaction};
 use crate::schema::INDEX_NAME;
 
+use super::call::Call;
 use super::markers::{self, bytes_of_placeholder};
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
@@ -74,21 +74,16 @@ impl sealed::Sealed for Mysql {
     {
         let marker = marker.clone();
         async move {
-            let outside = matches!(enclosing_transaction(conn), Ok(Enclosing::Nothing));
-            let in_flight = InFlight::mark(conn)?;
+            let call = Call::start(conn)?;
             let read = markers::fast_path_read(conn, &marker.message_id, marker.consumer).await;
             // With autocommit off the read opened a transaction, which would keep its
             // shared lock on the marker while the connection idles, holding up a prune.
             // (A BEGIN of the handler's would have committed it, as it commits whatever
             // such a session left open.)
-            let found = match read {
-                Ok(read) if outside && read.opened_transaction => {
-                    conn.batch_execute("COMMIT").await.map(|()| read.found)
-                }
-                read => read.map(|read| read.found),
-            };
-            in_flight.answered(conn);
-            found
+            match read {
+                Ok(read) if read.opened_transaction => call.committed(conn, Ok(read.found)).await,
+                read => call.answered(conn, read.map(|read| read.found)),
+            }
         }
     }
 
