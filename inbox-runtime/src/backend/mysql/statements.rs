@@ -57,13 +57,11 @@ const AFTER_MARKER_INSERT: &str = concat!(
 );
 
 impl sealed::Sealed for Mysql {
-    inbox_seen!(
-        "SELECT CAST(COUNT(*) AS SIGNED) AS tables, \
-         CAST((SELECT COUNT(*) FROM information_schema.statistics \
-         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
-         AND index_name = 'ux_inbox_message_consumer' AND non_unique = 0) AS SIGNED) AS indexed \
-         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'inbox'"
-    );
+    inbox_seen!(format!(
+        "SELECT CAST(COUNT(*) AS SIGNED) AS tables, CAST({} AS SIGNED) AS indexed \
+         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'inbox'",
+        inbox_index_is_there()
+    ));
 
     fn already_processed<'c, C>(
         conn: &'c mut C,
@@ -570,14 +568,19 @@ async fn inbox_index_exists<C>(conn: &mut C) -> QueryResult<bool>
 where
     C: AsyncConnection<Backend = diesel::mysql::Mysql>,
 {
-    let query = format!(
-        "EXISTS (SELECT 1 FROM information_schema.statistics \
-         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
-         AND index_name = '{INDEX_NAME}' AND non_unique = 0)"
-    );
+    let query = inbox_index_is_there();
     diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&query))
         .get_result(conn)
         .await
+}
+
+/// Whether the database's `inbox` has the crate's unique index, as an SQL condition.
+fn inbox_index_is_there() -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND index_name = '{INDEX_NAME}' AND non_unique = 0)"
+    )
 }
 
 #[cfg(test)]
