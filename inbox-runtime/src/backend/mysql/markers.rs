@@ -76,47 +76,27 @@ struct Found {
     found: bool,
 }
 
-/// Whether the key's marker is there, committed: the fast path's read, and a
-/// duplicate's confirmation. A locking read sees only committed rows at every
-/// isolation level, whatever snapshot the transaction holds, and waits for a
-/// transaction that holds the key; a plain read at READ UNCOMMITTED would see another
-/// delivery's marker before that delivery commits, or rolls back. (MariaDB has no
-/// `FOR SHARE`, which diesel's `for_share()` writes.)
-pub(super) async fn committed_marker_exists<C>(
-    conn: &mut C,
-    message_id: &str,
-    consumer: &str,
-) -> QueryResult<bool>
-where
-    C: AsyncConnection<Backend = Mysql>,
-{
-    let query = Prepared(bind_key!(
-        diesel::sql_query(format!(
-            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY} LOCK IN SHARE MODE) AS found"
-        )),
-        message_id,
-        consumer
-    ));
-    let Found { found } = query.get_result(conn).await?;
-    Ok(found)
-}
-
-/// What the fast path reads: whether the key's committed marker is there, as
-/// [`committed_marker_exists`] reads it, and whether the read opened a transaction of
-/// the session's, as it does with autocommit off.
+/// What [`committed_marker`] reads: whether the key's marker is there, committed, and
+/// whether the read opened a transaction of the session's, as it does with autocommit
+/// off outside any transaction (the fast path's read commits it).
 #[derive(diesel::QueryableByName)]
-pub(super) struct FastPathRead {
+pub(super) struct MarkerRead {
     #[diesel(sql_type = Bool)]
     pub(super) found: bool,
     #[diesel(sql_type = Bool)]
     pub(super) opened_transaction: bool,
 }
 
-pub(super) async fn fast_path_read<C>(
+/// The key's committed marker: the fast path's read, and a duplicate's confirmation. A
+/// locking read sees only committed rows at every isolation level, whatever snapshot the
+/// transaction holds, and waits for a transaction that holds the key; a plain read at
+/// READ UNCOMMITTED would see another delivery's marker before that delivery commits,
+/// or rolls back. (MariaDB has no `FOR SHARE`, which diesel's `for_share()` writes.)
+pub(super) async fn committed_marker<C>(
     conn: &mut C,
     message_id: &str,
     consumer: &str,
-) -> QueryResult<FastPathRead>
+) -> QueryResult<MarkerRead>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
@@ -143,7 +123,7 @@ pub(super) async fn confirm_duplicate<C>(
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    if committed_marker_exists(conn, message_id, consumer).await? {
+    if committed_marker(conn, message_id, consumer).await?.found {
         return Ok(());
     }
     Err(collision(conn, message_id, consumer).await)

@@ -73,7 +73,7 @@ impl sealed::Sealed for Mysql {
         let marker = marker.clone();
         async move {
             let call = Call::start(conn)?;
-            let read = markers::fast_path_read(conn, &marker.message_id, marker.consumer).await;
+            let read = markers::committed_marker(conn, &marker.message_id, marker.consumer).await;
             // With autocommit off the read opened a transaction, which would keep its
             // shared lock on the marker while the connection idles, holding up a prune.
             // (A BEGIN of the handler's would have committed it, as it commits whatever
