@@ -187,7 +187,7 @@ async fn run<C: TestConnection>(db: TestDatabase<C>) -> Result<(), BoxError> {
                                 }
                                 break;
                             }
-                            Disposition::Retry { after } => {
+                            Disposition::Retry { after, .. } => {
                                 retries += 1;
                                 let after = after.unwrap_or(Duration::from_millis(20));
                                 tokio::time::sleep(after.min(Duration::from_millis(200))).await;

@@ -233,7 +233,16 @@ pub(crate) async fn handle(
     };
     let mut conn = match context.pool.get().await {
         Ok(conn) => conn,
-        Err(_) => return (Disposition::Retry { after: None }, "retried"),
+        Err(error) => {
+            let reason = error.to_string();
+            return (
+                Disposition::Retry {
+                    after: None,
+                    reason,
+                },
+                "retried",
+            );
+        }
     };
     if context.stage == Stage::Record {
         let Some(event) = Credited::parse(payload) else {

@@ -26,6 +26,10 @@ pub enum Disposition {
         /// How long to wait before the next delivery, when there is a reason to wait a
         /// particular time; `None` leaves the delay to the broker.
         after: Option<Duration>,
+        /// Why this delivery failed: the error's own text, or that another delivery
+        /// holds the message's claim. A broker's dead letter past its retry limit
+        /// carries the last one.
+        reason: String,
     },
     /// Send the message to the dead-letter queue: retrying it fails the same way, or it
     /// needs a person (an invalid key, a business constraint, work committed early).
@@ -52,6 +56,7 @@ impl Disposition {
             Ok(Outcome::Processed(_) | Outcome::Duplicate) => Self::Ack,
             Ok(Outcome::InProgress { lease_remaining }) => Self::Retry {
                 after: *lease_remaining,
+                reason: String::from("another delivery holds the message's claim"),
             },
             Err(error) => Self::of_error(error),
         }
@@ -67,6 +72,7 @@ impl Disposition {
             ErrorClass::InboxDuplicate => Self::Ack,
             class if class.is_retryable() => Self::Retry {
                 after: error.retry_after(),
+                reason: error.to_string(),
             },
             _ => Self::DeadLetter {
                 reason: error.to_string(),
@@ -142,14 +148,18 @@ mod tests {
         assert_eq!(
             Disposition::of::<(), Error>(&Ok(Outcome::InProgress { lease_remaining })),
             Disposition::Retry {
-                after: lease_remaining
+                after: lease_remaining,
+                reason: String::from("another delivery holds the message's claim"),
             }
         );
         assert_eq!(
             Disposition::of::<(), Error>(&Ok(Outcome::InProgress {
                 lease_remaining: None
             })),
-            Disposition::Retry { after: None }
+            Disposition::Retry {
+                after: None,
+                reason: String::from("another delivery holds the message's claim"),
+            }
         );
     }
 
@@ -157,8 +167,15 @@ mod tests {
     fn claim_refusals_and_fingerprint_mismatches_map_to_their_action() {
         use crate::claims::ClaimError;
 
-        let lost = of(ClaimError::Lost { attempt: 1 }.into());
-        assert_eq!(lost, Disposition::Retry { after: None });
+        let lost = ClaimError::Lost { attempt: 1 };
+        let reason = lost.to_string();
+        assert_eq!(
+            of(lost.into()),
+            Disposition::Retry {
+                after: None,
+                reason
+            }
+        );
         for refused in [
             ClaimError::AttemptsExhausted { attempts: 3 },
             ClaimError::Quarantined { attempts: 1 },
@@ -201,7 +218,13 @@ mod tests {
 
         let deadlock = database(DatabaseErrorKind::Unknown, "deadlock detected");
         assert_eq!(classify(&deadlock), ErrorClass::Transient);
-        assert_eq!(of(deadlock), Disposition::Retry { after: None });
+        assert_eq!(
+            of(deadlock),
+            Disposition::Retry {
+                after: None,
+                reason: String::from("deadlock detected")
+            }
+        );
 
         assert_eq!(
             classify(&Error::BrokenTransactionManager),
@@ -209,7 +232,10 @@ mod tests {
         );
         assert_eq!(
             of(Error::BrokenTransactionManager),
-            Disposition::Retry { after: None }
+            Disposition::Retry {
+                after: None,
+                reason: Error::BrokenTransactionManager.to_string()
+            }
         );
 
         let business = database(
@@ -233,18 +259,17 @@ mod tests {
             DatabaseErrorKind::Unknown,
             "deadlock detected",
         )));
-        assert_eq!(
-            Disposition::of::<(), _>(&Err(boxed)),
-            Disposition::Retry { after: None }
-        );
+        // The reason is the handler's error's text, wrapping and all.
+        let deadlock = Disposition::Retry {
+            after: None,
+            reason: String::from("handler failed: deadlock detected"),
+        };
+        assert_eq!(Disposition::of::<(), _>(&Err(boxed)), deadlock);
         let not_send: Box<dyn StdError> = Box::new(Wrapped(database(
             DatabaseErrorKind::Unknown,
             "deadlock detected",
         )));
-        assert_eq!(
-            Disposition::of::<(), _>(&Err(not_send)),
-            Disposition::Retry { after: None }
-        );
+        assert_eq!(Disposition::of::<(), _>(&Err(not_send)), deadlock);
         let own: Box<dyn StdError + Send + Sync> = "the order was cancelled".into();
         assert_eq!(
             Disposition::of::<(), _>(&Err(own)),

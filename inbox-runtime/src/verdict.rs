@@ -115,7 +115,10 @@ pub fn retry_after_of(error: &(dyn StdError + 'static)) -> Option<Duration> {
 ///
 /// assert_eq!(
 ///     Disposition::of(&send_receipt(503)),
-///     Disposition::Retry { after: Some(Duration::from_millis(300)) }
+///     Disposition::Retry {
+///         after: Some(Duration::from_millis(300)),
+///         reason: String::from("the mail provider answered 503"),
+///     }
 /// );
 /// ```
 pub struct Classified {

@@ -112,8 +112,9 @@ async fn main() -> Result<(), BoxError> {
         for record in batch {
             match handle(&mut conn, &record).await {
                 Disposition::Ack => {}
-                Disposition::Retry { after } => {
+                Disposition::Retry { after, reason } => {
                     // Nothing was committed: read from this record again after a pause.
+                    eprintln!("offset {}: {reason}; reading it again", record.offset);
                     tokio::time::sleep(after.unwrap_or(Duration::from_secs(1))).await;
                     break;
                 }

@@ -55,7 +55,7 @@
 //! | disposition | what happens |
 //! |---|---|
 //! | `Ack` | the delivery is acked |
-//! | `Retry { after }` | a copy goes to the retry queue of that delay (default 1 s), `<work>.retry.<ms>ms`, from where RabbitMQ dead-letters it back to the work queue once the delay has passed; then the delivery is acked. Past 10 retries, a dead letter |
+//! | `Retry { after }` | a copy goes to the retry queue of that delay (default 1 s), `<work>.retry.<ms>ms`, from where RabbitMQ dead-letters it back to the work queue once the delay has passed; then the delivery is acked. Past 10 retries, a dead letter whose reason is the last retry's |
 //! | `DeadLetter { reason }` | a copy goes to `<work>.dead-letter` with the reason in the `x-inbox-reason` header; then the delivery is acked |
 //!
 //! RabbitMQ expires messages only at the head of a queue, so one retry queue holding

@@ -299,7 +299,10 @@ impl Queues {
     ) -> Result<Settled, SettleError> {
         Ok(match disposition {
             Disposition::Ack => Settled::Acked,
-            Disposition::Retry { after } => self.send_to_retry(channel, delivery, *after).await?,
+            Disposition::Retry { after, reason } => {
+                self.send_to_retry(channel, delivery, *after, reason)
+                    .await?
+            }
             Disposition::DeadLetter { reason } => {
                 self.send_to_dead_letter(channel, delivery, reason).await?;
                 Settled::DeadLettered {
@@ -307,22 +310,26 @@ impl Queues {
                 }
             }
             // A disposition newer than this crate: sent back, never acked unhandled.
-            _ => self.send_to_retry(channel, delivery, None).await?,
+            other => {
+                let reason = format!("settled as {other:?}, which this crate does not know");
+                self.send_to_retry(channel, delivery, None, &reason).await?
+            }
         })
     }
 
     /// A copy in the retry queue of `after` (the default delay when `None`), or in the
-    /// dead-letter queue past the retry limit.
+    /// dead-letter queue past the retry limit, with why this delivery failed.
     async fn send_to_retry(
         &self,
         channel: &Channel,
         delivery: &Delivery,
         after: Option<Duration>,
+        failed: &str,
     ) -> Result<Settled, SettleError> {
         let retry = retries(delivery) + 1;
         if retry > self.max_retries {
             let reason = format!(
-                "still failing with a retryable error after {} retries",
+                "still failing with a retryable error after {} retries: {failed}",
                 self.max_retries
             );
             self.send_to_dead_letter(channel, delivery, &reason).await?;

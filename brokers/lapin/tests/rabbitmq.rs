@@ -41,6 +41,14 @@ struct Broker {
 }
 
 /// A confirm-mode channel and queues named after the test, or `None` without `AMQP_URL`.
+/// A retry, as `Disposition::of` makes one for a transient error.
+fn retry(after: Option<Duration>) -> Disposition {
+    Disposition::Retry {
+        after,
+        reason: String::from("the database was unreachable"),
+    }
+}
+
 async fn broker(test: &str) -> Option<Broker> {
     let url = server_url("AMQP_URL")?;
     let connection = diesel_inbox_lapin::connect(&url)
@@ -160,9 +168,7 @@ async fn a_retry_comes_back_after_its_delay_counted() {
 
     let delay = Duration::from_millis(600);
     let sent = Instant::now();
-    let settled = broker
-        .settle(&first, &Disposition::Retry { after: Some(delay) })
-        .await;
+    let settled = broker.settle(&first, &retry(Some(delay))).await;
     // The next retry queue up from 600 ms holds messages for a second.
     assert_eq!(
         settled,
@@ -206,23 +212,9 @@ async fn a_short_retry_is_not_held_behind_a_long_one() {
     let long = broker.get(broker.queues.work()).await.expect("long");
     let short = broker.get(broker.queues.work()).await.expect("short");
     let (long_delay, short_delay) = (Duration::from_secs(5), Duration::from_millis(200));
-    broker
-        .settle(
-            &long,
-            &Disposition::Retry {
-                after: Some(long_delay),
-            },
-        )
-        .await;
+    broker.settle(&long, &retry(Some(long_delay))).await;
     let sent = Instant::now();
-    broker
-        .settle(
-            &short,
-            &Disposition::Retry {
-                after: Some(short_delay),
-            },
-        )
-        .await;
+    broker.settle(&short, &retry(Some(short_delay))).await;
 
     let back = broker
         .next(broker.queues.work(), Duration::from_secs(10))
@@ -338,9 +330,7 @@ async fn copies_carry_neither_a_dead_lettering_history_nor_a_cc() {
         .expect("publish confirmed");
 
     let first = broker.get(work).await.expect("delivery");
-    let retried = broker
-        .settle(&first, &Disposition::Retry { after: None })
-        .await;
+    let retried = broker.settle(&first, &retry(None)).await;
     assert!(
         matches!(retried, Settled::Retried { retry: 1, .. }),
         "{retried:?}"
@@ -381,20 +371,18 @@ async fn retries_past_the_limit_are_dead_lettered() {
     };
     broker.queues = broker.queues.clone().with_max_retries(1);
     broker.publish(Some("m-1"), b"payload").await;
-    let retry = Disposition::Retry {
-        after: Some(Duration::from_millis(50)),
-    };
+    let failing = retry(Some(Duration::from_millis(50)));
 
     let first = broker.get(broker.queues.work()).await.expect("delivery");
     assert!(matches!(
-        broker.settle(&first, &retry).await,
+        broker.settle(&first, &failing).await,
         Settled::Retried { .. }
     ));
     let second = broker
         .next(broker.queues.work(), Duration::from_secs(10))
         .await
         .expect("retried");
-    let settled = broker.settle(&second, &retry).await;
+    let settled = broker.settle(&second, &failing).await;
     assert!(
         matches!(settled, Settled::DeadLettered { .. }),
         "{settled:?}"
@@ -404,6 +392,15 @@ async fn retries_past_the_limit_are_dead_lettered() {
         .await
         .expect("dead letter");
     assert_eq!(message_key(&dead), Ok("m-1"));
+    // The last failure's own words, for whoever reads the dead letter.
+    let headers = dead.properties.headers().clone().expect("headers");
+    assert_eq!(
+        headers.inner().get(REASON_HEADER),
+        Some(&AMQPValue::LongString(
+            "still failing with a retryable error after 1 retries: the database was unreachable"
+                .into()
+        ))
+    );
     broker.cleanup().await;
 }
 
@@ -623,7 +620,7 @@ async fn a_channel_closed_before_the_settle_loses_nothing() {
     channel.close(200, "gone").await.expect("close");
     for disposition in [
         Disposition::Ack,
-        Disposition::Retry { after: None },
+        retry(None),
         Disposition::DeadLetter {
             reason: "refused".to_owned(),
         },
@@ -665,12 +662,10 @@ async fn retries_racing_to_create_their_queue_are_all_stored() {
             .expect("a message");
         channels.push((channel, delivery));
     }
-    let retry = Disposition::Retry {
-        after: Some(Duration::from_millis(2_000)),
-    };
+    let failing = retry(Some(Duration::from_millis(2_000)));
     let settles = channels
         .iter()
-        .map(|(channel, delivery)| broker.queues.settle(channel, delivery, &retry));
+        .map(|(channel, delivery)| broker.queues.settle(channel, delivery, &failing));
     for settled in futures_util::future::join_all(settles).await {
         assert!(
             matches!(settled, Ok(Settled::Retried { .. })),

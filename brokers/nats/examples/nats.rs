@@ -251,6 +251,7 @@ impl Service {
                         Disposition::Retry {
                             after: matches!(error, PoolError::Timeout(_))
                                 .then(|| Duration::from_secs(1)),
+                            reason: error.to_string(),
                         }
                     }
                 },

@@ -62,7 +62,7 @@
 //! | disposition | what happens |
 //! |---|---|
 //! | `Ack` | `+ACK` |
-//! | `Retry { after }` | `-NAK` with that delay (default 1 s; JetStream redelivers it then). From the [`with_max_deliveries`](Settlement::with_max_deliveries)-th delivery, a dead letter |
+//! | `Retry { after }` | `-NAK` with that delay (default 1 s; JetStream redelivers it then). From the [`with_max_deliveries`](Settlement::with_max_deliveries)-th delivery, a dead letter whose reason is the last retry's |
 //! | `DeadLetter { reason }` | a copy is published to the dead-letter subject with the reason in the `Inbox-Dead-Letter-Reason` header and acknowledged by the stream that holds it, then `+TERM` |
 //!
 //! The dead-letter copy is confirmed before the message is terminated: a crash in between
@@ -356,7 +356,7 @@ impl Settlement {
                 message.ack().await?;
                 Ok(Settled::Acked)
             }
-            Disposition::Retry { after } => self.retry(message, *after).await,
+            Disposition::Retry { after, reason } => self.retry(message, *after, reason).await,
             Disposition::DeadLetter { reason } => {
                 self.dead_letter(message, reason).await?;
                 Ok(Settled::DeadLettered {
@@ -364,20 +364,25 @@ impl Settlement {
                 })
             }
             // A disposition newer than this crate: sent back, never acked unhandled.
-            _ => self.retry(message, None).await,
+            other => {
+                let reason = format!("settled as {other:?}, which this crate does not know");
+                self.retry(message, None, &reason).await
+            }
         }
     }
 
     /// A nak with `after` (the default delay when `None`), or a dead letter from the
-    /// `max_deliveries`-th delivery.
+    /// `max_deliveries`-th delivery, with why this delivery failed.
     async fn retry(
         &self,
         message: &Message,
         after: Option<Duration>,
+        failed: &str,
     ) -> Result<Settled, async_nats::Error> {
         let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
         if let Some(max) = self.max_deliveries.filter(|max| delivered >= *max) {
-            let reason = format!("still failing with a retryable error after {max} deliveries");
+            let reason =
+                format!("still failing with a retryable error after {max} deliveries: {failed}");
             self.dead_letter(message, &reason).await?;
             return Ok(Settled::DeadLettered { reason });
         }

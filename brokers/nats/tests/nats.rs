@@ -28,6 +28,14 @@ struct Broker {
 
 /// A work stream and a dead-letter stream named after the test, or `None` without
 /// `NATS_URL`.
+/// A retry, as `Disposition::of` makes one for a transient error.
+fn retry(after: Option<Duration>) -> Disposition {
+    Disposition::Retry {
+        after,
+        reason: String::from("the database was unreachable"),
+    }
+}
+
 async fn broker(test: &str) -> Option<Broker> {
     let url = server_url("NATS_URL")?;
     let client = async_nats::connect(url).await.expect("connect to NATS");
@@ -147,14 +155,7 @@ async fn the_key_is_the_msg_id_else_the_stream_sequence() {
 
     // A redelivery keeps the key.
     let mut key_before = None;
-    broker
-        .settle(
-            &without,
-            &Disposition::Retry {
-                after: Some(Duration::ZERO),
-            },
-        )
-        .await;
+    broker.settle(&without, &retry(Some(Duration::ZERO))).await;
     if let Some(again) = next(&broker.consumer, SOON).await {
         key_before = Some(message_key(&again).unwrap().encode().unwrap());
         broker.settle(&again, &Disposition::Ack).await;
@@ -174,9 +175,7 @@ async fn a_retry_is_redelivered_after_its_delay() {
 
     let delay = Duration::from_millis(1500);
     let sent = Instant::now();
-    let settled = broker
-        .settle(&first, &Disposition::Retry { after: Some(delay) })
-        .await;
+    let settled = broker.settle(&first, &retry(Some(delay))).await;
     assert_eq!(settled, Settled::Retried { after: delay });
     assert!(
         next(&broker.consumer, NOT_YET).await.is_none(),
@@ -204,9 +203,7 @@ async fn a_retry_after_forever_is_not_redelivered_at_once() {
     };
     broker.publish(Some("m-1"), b"payload").await;
     let first = next(&broker.consumer, SOON).await.expect("delivery");
-    let forever = Disposition::Retry {
-        after: Some(Duration::MAX),
-    };
+    let forever = retry(Some(Duration::MAX));
     let settled = broker.settle(&first, &forever).await;
     assert!(matches!(settled, Settled::Retried { .. }), "{settled:?}");
     assert!(
@@ -324,23 +321,29 @@ async fn retries_past_the_delivery_limit_are_dead_lettered() {
     };
     broker.settlement = broker.settlement.clone().with_max_deliveries(2);
     broker.publish(Some("m-1"), b"payload").await;
-    let retry = Disposition::Retry {
-        after: Some(Duration::from_millis(50)),
-    };
+    let failing = retry(Some(Duration::from_millis(50)));
 
     let first = next(&broker.consumer, SOON).await.expect("delivery");
     assert!(matches!(
-        broker.settle(&first, &retry).await,
+        broker.settle(&first, &failing).await,
         Settled::Retried { .. }
     ));
     let second = next(&broker.consumer, SOON).await.expect("redelivered");
-    let settled = broker.settle(&second, &retry).await;
+    let settled = broker.settle(&second, &failing).await;
     assert!(
         matches!(settled, Settled::DeadLettered { .. }),
         "{settled:?}"
     );
     let dead = next(&broker.dead_letters, SOON).await.expect("dead letter");
     assert_eq!(message_key(&dead), Ok(MessageKey::MsgId("m-1")));
+    // The last failure's own words, for whoever reads the dead letter.
+    let headers = dead.headers.clone().expect("headers");
+    assert_eq!(
+        headers.get(REASON_HEADER).map(|value| value.as_str()),
+        Some(
+            "still failing with a retryable error after 2 deliveries: the database was unreachable"
+        )
+    );
     dead.ack().await.expect("ack");
     broker.cleanup().await;
 }

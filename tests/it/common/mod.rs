@@ -283,6 +283,15 @@ pub fn settled<T>(result: Result<T, Error>, what: &impl Debug, retries: &mut usi
     }
 }
 
+/// The delay a disposition retries after (`Some(after)`), or `None` where it does not
+/// retry: what a verdict test compares, the reason being the error's own text.
+pub fn retry_delay(disposition: &diesel_inbox::Disposition) -> Option<Option<Duration>> {
+    match disposition {
+        diesel_inbox::Disposition::Retry { after, .. } => Some(*after),
+        _ => None,
+    }
+}
+
 /// Every worker, each on its own connection, receives every message, and all workers
 /// start each message together: every message is delivered `workers` times at once.
 /// Odd workers read the inbox first, even ones go straight to the transaction. Transient
