@@ -89,7 +89,7 @@ pub async fn markers_older_than<C: BenchConnection>(
             "SELECT COUNT(*) FROM inbox WHERE processed_at < now() - interval '{seconds} seconds'"
         ),
         Backend::Mysql => format!(
-            "SELECT COUNT(*) FROM inbox WHERE processed_at < NOW(6) - INTERVAL {seconds} SECOND"
+            "SELECT COUNT(*) FROM inbox WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND"
         ),
         Backend::Sqlite => format!(
             "SELECT COUNT(*) FROM inbox WHERE processed_at < datetime('now', '-{seconds} seconds')"
@@ -208,7 +208,7 @@ fn generate_markers(backend: Backend, first: u64, last: u64, days_ago: u32) -> S
             "INSERT INTO inbox (message_id, consumer, processed_at)
              SELECT CONCAT_WS('-', SUBSTR(h, 1, 8), SUBSTR(h, 9, 4), SUBSTR(h, 13, 4),
                               SUBSTR(h, 17, 4), SUBSTR(h, 21)),
-                    '{consumer}', NOW(6) - INTERVAL {days_ago} DAY
+                    '{consumer}', UTC_TIMESTAMP(6) - INTERVAL {days_ago} DAY
              FROM (SELECT MD5(CONCAT('prefill-', seq)) AS h FROM seq_{first}_to_{last}) AS hashes"
         ),
         // SQLite has no md5(); random bytes give the same shape.

@@ -1275,3 +1275,70 @@ async fn every_sql_mode_is_served() {
     .await;
     db.cleanup().await;
 }
+
+/// A claim-mode handler whose body says it `entered`, then waits for `release`.
+#[idempotent(consumer = "zoned-claim", key = key, claim, lease = Duration::from_secs(60))]
+async fn held_claim(
+    conn: &mut AsyncMysqlConnection,
+    key: &str,
+    entered: &Notify,
+    release: &Notify,
+) -> Result<(), Error> {
+    let _ = conn;
+    entered.notify_one();
+    release.notified().await;
+    Ok(())
+}
+
+/// `DATETIME` holds no zone: leases and markers are stamped and judged in UTC, so that
+/// sessions in other time zones agree. A claim's lease written at `+00:00` is still
+/// running for a redelivery at `+13:00` (which took it over while its body ran), and a
+/// marker stamped at `-10:00` is inside a pruner's window at `+13:00` (which deleted it,
+/// and its redelivery was processed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_and_pruning_agree_across_session_time_zones() {
+    let Some(db) = create("session_time_zones").await else {
+        return;
+    };
+    bounded(async {
+        let (entered, release) = (Notify::new(), Notify::new());
+        let mut holder = common::connect_with(&db, "SET time_zone = '+00:00'").await;
+        let mut elsewhere = common::connect_with(&db, "SET time_zone = '+13:00'").await;
+        let holding = held_claim(&mut holder, "m-1", &entered, &release);
+        // The redelivery's body, should it run, runs through.
+        let (redelivered, unheld) = (Notify::new(), Notify::new());
+        unheld.notify_one();
+        let (first, again) = tokio::join!(holding, async {
+            entered.notified().await;
+            let again = held_claim(&mut elsewhere, "m-1", &redelivered, &unheld).await;
+            release.notify_one();
+            again
+        });
+        assert_eq!(first, Ok(Outcome::Processed(())));
+        assert!(
+            matches!(again, Ok(Outcome::InProgress { .. })),
+            "a redelivery in another time zone while the body runs: {again:?}"
+        );
+
+        common::create_tables(&db, 1).await;
+        let mut west = common::connect_with(&db, "SET time_zone = '-10:00'").await;
+        let credit = Credit::numbered(0);
+        assert_eq!(
+            common::credit(&mut west, &credit).await,
+            Ok(Outcome::Processed(()))
+        );
+        let mut east = common::connect_with(&db, "SET time_zone = '+13:00'").await;
+        let pruned = diesel_inbox::prune(&mut east, Duration::from_secs(3600)).await;
+        assert_eq!(
+            pruned,
+            Ok(0),
+            "a marker a moment old is inside an hour's window"
+        );
+        assert_eq!(
+            common::credit(&mut east, &credit).await,
+            Ok(Outcome::Duplicate)
+        );
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -879,7 +879,7 @@ impl PastInstant for diesel::pg::Pg {
 
 impl PastInstant for diesel::mysql::Mysql {
     fn seconds_ago(seconds: i64) -> String {
-        format!("NOW(6) - INTERVAL {seconds} SECOND")
+        format!("UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND")
     }
 }
 

@@ -11,10 +11,11 @@ CREATE TABLE IF NOT EXISTS inbox_outbox (
     ordering_seq BIGINT NULL,
     headers LONGBLOB NOT NULL,
     payload LONGBLOB NOT NULL,
-    enqueued_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    -- Times in UTC, whatever a session's time_zone (DATETIME holds no zone).
+    enqueued_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     -- When a relay may take it: now, after a failed publish's backoff, or when the lease
     -- of the relay that holds it ends.
-    due_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    due_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     -- The relay that holds it, until it is sent, retried later or parked.
     relay_token VARBINARY(36) NULL,
     attempts INT NOT NULL DEFAULT 0,

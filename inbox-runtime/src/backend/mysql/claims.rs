@@ -1,6 +1,10 @@
-//! Claim mode on MySQL and MariaDB: `NOW(6)` on the session's clock, and each statement
-//! followed by a `COMMIT` of its own, so that it commits whatever the session's
-//! autocommit setting, which claim mode never changes.
+//! Claim mode on MySQL and MariaDB: times in UTC (`UTC_TIMESTAMP(6)`), whatever the
+//! session's `time_zone`, and each statement followed by a `COMMIT` of its own, so that
+//! it commits whatever the session's autocommit setting, which claim mode never changes.
+//!
+//! `DATETIME` holds no zone, and `NOW(6)` is the session's local time: a lease written
+//! by a session at `+00:00` and judged by one at `+13:00` had ended 13 hours early, and
+//! was taken over while its body ran.
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
@@ -16,7 +20,7 @@ use super::call::Call;
 
 /// A claim nobody holds: not completed, and released or past its lease.
 const STALE: &str =
-    "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= NOW(6))";
+    "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= UTC_TIMESTAMP(6))";
 
 // The claim a conditional update is about, by the four placeholders after its `SET`.
 use super::markers::{BY_KEY, bind_key};
@@ -37,10 +41,10 @@ macro_rules! update_claim_by_key {
 const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
 
 /// A completed claim: a marker like a transactional handler's.
-const COMPLETED: &str = "lease_ends_at = NULL, processed_at = NOW(6)";
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = UTC_TIMESTAMP(6)";
 
 /// A released claim: nobody holds it, and it may be taken over at once.
-const RELEASED: &str = "claim_token = NULL, lease_ends_at = NOW(6)";
+const RELEASED: &str = "claim_token = NULL, lease_ends_at = UTC_TIMESTAMP(6)";
 
 impl ClaimStatements for Mysql {
     /// The insert and its [`COMMIT`](Call::committed) in one round trip.
@@ -58,8 +62,8 @@ impl ClaimStatements for Mysql {
         let call = Call::start(conn)?;
         let batch = format!(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
-             fingerprint) VALUES (X'{}', X'{}', NOW(6) + INTERVAL {} MICROSECOND, X'{}', 1, \
-             {fingerprint}){commit}",
+             fingerprint) VALUES (X'{}', X'{}', UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND, \
+             X'{}', 1, {fingerprint}){commit}",
             hex_digits(&claim.key.message_id),
             hex_digits(&claim.key.consumer),
             claim.lease_micros,
@@ -123,7 +127,7 @@ impl ClaimStatements for Mysql {
             bind_key!(
                 diesel::sql_query(format!(
                     "UPDATE inbox SET claim_token = ?, \
-             lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
+             lease_ends_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
              {BY_KEY} AND attempts = ? AND {STALE}"
                 ))
                 .bind::<Text, _>(claim.token)
@@ -156,7 +160,7 @@ impl ClaimStatements for Mysql {
         let renewed = Prepared(
             bind_key!(
                 diesel::sql_query(format!(
-                    "UPDATE inbox SET lease_ends_at = NOW(6) + INTERVAL ? MICROSECOND \
+                    "UPDATE inbox SET lease_ends_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                      {BY_KEY} AND {HELD}"
                 ))
                 .bind::<BigInt, _>(claim.lease_micros),
@@ -187,8 +191,8 @@ impl ClaimStatements for Mysql {
         let call = Call::start(conn)?;
         let stale = Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
-             TIMESTAMPDIFF(MICROSECOND, processed_at, NOW(6)) AS age_micros, \
-             TIMESTAMPDIFF(MICROSECOND, lease_ends_at, NOW(6)) AS idle_micros \
+             TIMESTAMPDIFF(MICROSECOND, processed_at, UTC_TIMESTAMP(6)) AS age_micros, \
+             TIMESTAMPDIFF(MICROSECOND, lease_ends_at, UTC_TIMESTAMP(6)) AS idle_micros \
              FROM inbox WHERE {STALE} ORDER BY id"
         )))
         .load(&mut *conn)
@@ -219,9 +223,9 @@ impl ClaimStatements for Mysql {
 
 /// The claim as [`ClaimStatements::read_marker`] reads it, [`BY_KEY`]'s placeholders last.
 const READ_MARKER: &str = "SELECT lease_ends_at IS NULL AS completed, \
-     COALESCE(claim_token IS NOT NULL AND lease_ends_at > NOW(6), FALSE) AS live, \
+     COALESCE(claim_token IS NOT NULL AND lease_ends_at > UTC_TIMESTAMP(6), FALSE) AS live, \
      lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
-     TIMESTAMPDIFF(MICROSECOND, NOW(6), lease_ends_at) AS lease_remaining_micros, \
+     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_ends_at) AS lease_remaining_micros, \
      attempts, fingerprint FROM inbox ";
 
 /// Runs `sql`, [`READ_MARKER`] or a form of it, then commits.

@@ -1,7 +1,8 @@
-//! The outbox on MySQL and MariaDB: `NOW(6)` on the session's clock. The relay's
-//! statements run in transactions of their own, which commit whatever the session's
-//! autocommit setting; those that take due messages and prune sent ones read committed
-//! rows only, so that they set no gap lock for handlers' inserts to wait on.
+//! The outbox on MySQL and MariaDB: times in UTC (`UTC_TIMESTAMP(6)`), whatever the
+//! session's `time_zone`, as in claim mode (see `claims.rs`). The relay's statements run
+//! in transactions of their own, which commit whatever the session's autocommit setting;
+//! those that take due messages and prune sent ones read committed rows only, so that
+//! they set no gap lock for handlers' inserts to wait on.
 
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
@@ -92,9 +93,10 @@ impl OutboxStatements for Mysql {
                 // `sql_mode = EMPTY_STRING_IS_NULL` an empty parameter arrives as
                 // NULL: these three may be empty, and never are NULL.
                 "INSERT INTO inbox_outbox (message_id, destination, routing_key, ordering_key, \
-                 ordering_seq, headers, payload) \
+                 ordering_seq, headers, payload, enqueued_at, due_at) \
                  VALUES (UNHEX(?), UNHEX(?), COALESCE(UNHEX(?), X''), UNHEX(?), ?, \
-                 COALESCE(UNHEX(?), X''), COALESCE(UNHEX(?), X''))",
+                 COALESCE(UNHEX(?), X''), COALESCE(UNHEX(?), X''), \
+                 UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
             )
             .bind::<Text, _>(hex_digits(message.message_id))
             .bind::<Text, _>(hex_digits(message.destination))
@@ -129,7 +131,7 @@ impl OutboxStatements for Mysql {
     {
         let ids = id_list(ids);
         let sql = format!(
-            "UPDATE inbox_outbox SET sent_at = NOW(6), relay_token = NULL \
+            "UPDATE inbox_outbox SET sent_at = UTC_TIMESTAMP(6), relay_token = NULL \
              WHERE id IN ({ids}) AND sent_at IS NULL"
         );
         begin(conn).await?;
@@ -148,7 +150,7 @@ impl OutboxStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = "UPDATE inbox_outbox SET relay_token = NULL, \
-                   due_at = NOW(6) + INTERVAL ? MICROSECOND, last_error = ? \
+                   due_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ? \
                    WHERE id = ? AND relay_token = ? AND sent_at IS NULL";
         begin(conn).await?;
         let updated = Prepared(
@@ -205,7 +207,7 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = "UPDATE inbox_outbox SET parked = FALSE, due_at = NOW(6) \
+        let sql = "UPDATE inbox_outbox SET parked = FALSE, due_at = UTC_TIMESTAMP(6) \
                    WHERE id = ? AND parked AND sent_at IS NULL";
         begin(conn).await?;
         let updated = Prepared(diesel::sql_query(sql).bind::<BigInt, _>(id))
@@ -264,7 +266,7 @@ where
     let ids: Vec<Id> = Prepared(
         diesel::sql_query(concat!(
             "SELECT o.id FROM inbox_outbox o WHERE ",
-            due!("NOW(6)"),
+            due!("UTC_TIMESTAMP(6)"),
             " ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
         ))
         .bind::<BigInt, _>(limit),
@@ -281,8 +283,8 @@ where
     // is this relay's.
     diesel::sql_query(format!(
         "UPDATE inbox_outbox SET relay_token = ?, \
-         due_at = NOW(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
-         WHERE id IN ({ids}) AND sent_at IS NULL AND NOT parked AND due_at <= NOW(6)"
+         due_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
+         WHERE id IN ({ids}) AND sent_at IS NULL AND NOT parked AND due_at <= UTC_TIMESTAMP(6)"
     ))
     .bind::<Text, _>(token.clone())
     .bind::<BigInt, _>(lease_micros)
@@ -308,7 +310,7 @@ where
     let rows: Vec<SentRow> = Prepared(
         diesel::sql_query(
             "SELECT id, ordering_key FROM inbox_outbox \
-             WHERE sent_at < NOW(6) - INTERVAL ? MICROSECOND \
+             WHERE sent_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
              ORDER BY sent_at LIMIT ? FOR UPDATE SKIP LOCKED",
         )
         .bind::<BigInt, _>(window_micros)

@@ -267,7 +267,7 @@ impl sealed::Sealed for Mysql {
     {
         Prepared(
             diesel::sql_query(
-                "SELECT id, processed_at < NOW(6) - INTERVAL ? MICROSECOND AS old \
+                "SELECT id, processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS old \
              FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
             )
             .bind::<BigInt, _>(window_micros)
@@ -292,7 +292,8 @@ impl sealed::Sealed for Mysql {
         Prepared(
             diesel::sql_query(
                 "DELETE FROM inbox WHERE id >= ? AND id < ? \
-             AND processed_at < NOW(6) - INTERVAL ? MICROSECOND AND lease_ends_at IS NULL",
+             AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+             AND lease_ends_at IS NULL",
             )
             .bind::<BigInt, _>(from)
             .bind::<BigInt, _>(to)
@@ -336,7 +337,17 @@ impl sealed::Sealed for Mysql {
                 result => result?,
             }
         }
-        super::upgrade::migrate_key_digest(conn).await
+        super::upgrade::migrate_key_digest(conn).await?;
+        // Markers stamped in UTC, where the default is still the session's local time:
+        // an `ALTER TABLE`, even one with nothing to do, waits for every open
+        // transaction on the table. Two instances setting it at once set the same.
+        if !stamped_in_utc(conn).await? {
+            conn.batch_execute(include_str!(
+                "../../../migrations/mysql/2026-12-07-000000_utc_clock/up.sql"
+            ))
+            .await?;
+        }
+        Ok(())
     }
 
     async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>
@@ -559,6 +570,23 @@ where
         "(SELECT COUNT(*) FROM information_schema.columns \
          WHERE table_schema = DATABASE() AND table_name = 'inbox' \
          AND column_name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
+    ))
+    .get_result(conn)
+    .await
+}
+
+/// Whether the inbox stamps a marker's `processed_at` in UTC by default.
+async fn stamped_in_utc<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    // MariaDB shows the default as `utc_timestamp(6)`, MySQL as `utc_timestamp(6)`
+    // too, marked DEFAULT_GENERATED.
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "EXISTS (SELECT 1 FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         AND column_name = 'processed_at' \
+         AND LOWER(column_default) LIKE 'utc_timestamp%')",
     ))
     .get_result(conn)
     .await
