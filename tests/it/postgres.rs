@@ -663,3 +663,56 @@ async fn sessions_that_resolve_names_otherwise_agree_on_digests() {
     .await;
     db.cleanup().await;
 }
+
+/// A database in another encoding than UTF8 stores keys converted: LATIN1 cannot hold
+/// most characters (a batch holding one failed as a whole, every message dead-lettered),
+/// and EUC_JP stores U+00A6 and U+FFE4 as one (the second message was acknowledged as a
+/// duplicate, unprocessed). `migrate` refuses such a database, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_refuses_a_database_not_encoded_in_utf8() {
+    let Some(url) = common::server_url("POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+    else {
+        return;
+    };
+    bounded(async {
+        let name = format!("inbox_encoding_{}", std::process::id());
+        let mut admin = AsyncPgConnection::establish(&url).await.expect("connect");
+        // One statement a query: a batch of several is a transaction, where neither
+        // runs.
+        let create = format!(
+            "CREATE DATABASE {name} ENCODING 'EUC_JP' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        );
+        let drop_it = format!("DROP DATABASE IF EXISTS {name}");
+        admin
+            .batch_execute(&drop_it)
+            .await
+            .expect("drop a leftover");
+        admin
+            .batch_execute(&create)
+            .await
+            .expect("create the database");
+        let elsewhere = match url.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("no database in {url}"),
+        };
+        let mut conn = AsyncPgConnection::establish(&elsewhere)
+            .await
+            .expect("connect");
+        let refused = diesel_inbox::migrate(&mut conn).await;
+        drop(conn);
+        admin
+            .batch_execute(&drop_it)
+            .await
+            .expect("drop the database");
+        let error = refused.expect_err("an EUC_JP database is refused");
+        assert!(
+            error
+                .to_string()
+                .contains("needs a database encoded in UTF8")
+                && error.to_string().contains("EUC_JP"),
+            "{error}"
+        );
+    })
+    .await;
+}

@@ -1,3 +1,14 @@
+-- diesel-inbox: keys are stored as text, in the database's encoding. Only UTF8 (or
+-- SQL_ASCII, which stores bytes as they come) holds every key as sent: LATIN1 cannot
+-- hold most, and EUC_JP stores U+00A6 and U+FFE4 as one character, so that two
+-- messages would share one marker and the second be acknowledged unprocessed.
+DO $inbox_encoding$ BEGIN
+IF pg_catalog.current_setting('server_encoding') NOT IN ('UTF8', 'SQL_ASCII') THEN
+    RAISE EXCEPTION 'diesel-inbox needs a database encoded in UTF8, and this one is encoded in %', pg_catalog.current_setting('server_encoding')
+        USING ERRCODE = 'feature_not_supported',
+            HINT = 'Keep the inbox in a database created with ENCODING ''UTF8'': another encoding cannot hold every key, or tells some apart as one.';
+END IF;
+END $inbox_encoding$;
 -- diesel-inbox: one row per (message, consumer) that has been processed.
 -- COLLATE "C": ids are compared byte for byte, which is both what an id means and the
 -- cheapest comparison for the unique index.
