@@ -103,17 +103,29 @@ async fn main() -> Result<(), BoxError> {
         .first(&mut conn)
         .await
         .optional()?;
+    drop(conn);
     let mut offset = match committed {
         Some(offset) => offset,
         None => records.get_offset(OffsetAt::Earliest).await?,
     };
     loop {
         let (batch, _high_watermark) = records.fetch_records(offset, 1..1_000_000, 500).await?;
+        // A connection per batch: one that a retry leaves broken (the database restarted,
+        // say) goes back to the pool, which discards it, and the next batch gets another.
+        let mut conn = match pool.get().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                eprintln!("no database connection: {error}; reading the batch again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         for record in batch {
             match handle(&mut conn, &record).await {
                 Disposition::Ack => {}
                 Disposition::Retry { after, reason } => {
-                    // Nothing was committed: read from this record again after a pause.
+                    // Nothing was committed: read from this record again after a pause,
+                    // on another connection.
                     eprintln!("offset {}: {reason}; reading it again", record.offset);
                     tokio::time::sleep(after.unwrap_or(Duration::from_secs(1))).await;
                     break;

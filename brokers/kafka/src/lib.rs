@@ -43,8 +43,9 @@
 //! [`OutboxPublisher`] publishes diesel-inbox's outbox through its `Relay`: each message
 //! a record of its destination topic with `acks=all`, its id in the [`ID_HEADER`] header
 //! that [`message_key`] reads on the receiving side, its routing key (else its ordering
-//! key) as the record key, which picks the partition as Kafka's default partitioner
-//! does, so one ordering key's messages are in one partition in commit order. It is
+//! key) as the record key. The ordering key (else the record key) picks the partition
+//! as Kafka's default partitioner does, so one ordering key's messages are in one
+//! partition in commit order, whatever their routing keys. It is
 //! reported sent only once the broker has answered. A missing topic or a
 //! record the broker refuses as too large is parked for an operator.
 //!

@@ -27,21 +27,23 @@ const METADATA_MAX_AGE: Duration = Duration::from_secs(300);
 ///
 /// A message's destination is the topic, and its payload the record's value. Its id goes
 /// in the [`ID_HEADER`] header, its headers as they are. The record's key is the routing
-/// key, or the ordering key when there is no routing key, or none; the key picks the
-/// partition as Kafka's default partitioner does (murmur2, modulo the partition count),
-/// so records of one key land where a Java producer would put them, in one partition.
+/// key, or the ordering key when there is no routing key, or none. The partition is
+/// picked as Kafka's default partitioner does (murmur2, modulo the partition count) from
+/// the ordering key when there is one, else from the record's key: one ordering key's
+/// messages land in one partition whatever their routing keys (an account's credits and
+/// debits), and a keyed record without one lands where a Java producer would put it.
 /// The relay publishes one ordering key's messages one after the other, so they are in
 /// that partition in the outbox's commit order; messages without an ordering key are
-/// published several at once, in no set order. A record without a key is placed by its
-/// id, so a copy published again lands beside the first.
+/// published several at once, in no set order. A record with neither key is placed by
+/// its id, so a copy published again lands beside the first.
 ///
 /// Each record is produced in a request of its own with `acks=all`, and the publish is
 /// reported done only once the broker has answered. A message that can never go out is
 /// unpublishable, and the relay parks it: its topic does not exist (create topics before
-/// publishing to them), its name is no topic name, a header is named like the id header,
-/// or the broker refuses the record as too large or invalid. Anything else (a lost
-/// connection, a leader election, a time-out) is retried: build the client without a
-/// backoff deadline, and the relay's publish time-out bounds each attempt.
+/// publishing to them), its name is no topic name, a header is named like the id header
+/// or given twice, or the broker refuses the record as too large or invalid. Anything
+/// else (a lost connection, a leader election, a time-out) is retried: build the client
+/// without a backoff deadline, and the relay's publish time-out bounds each attempt.
 pub struct OutboxPublisher {
     client: Arc<Client>,
     id_header: &'static str,
@@ -157,12 +159,20 @@ impl OutboxPublisher {
             message.message_id().as_bytes().to_vec(),
         );
         for (name, value) in message.headers() {
+            if name == self.id_header {
+                return Err(PublishError::unpublishable(format!(
+                    "the header `{name}` is where the publisher puts the message's id"
+                )));
+            }
+            // rskafka's record holds one value a name, and keeping either of two would
+            // drop the other silently.
             if headers
                 .insert(name.clone(), value.as_bytes().to_vec())
                 .is_some()
             {
                 return Err(PublishError::unpublishable(format!(
-                    "the header `{name}` is where the publisher puts the message's id"
+                    "the header `{name}` is given more than once, and a record from this \
+                     publisher carries one value a name"
                 )));
             }
         }
@@ -209,10 +219,12 @@ impl Publisher for OutboxPublisher {
         check_topic_name(topic)?;
         let record = self.record(message)?;
         let partitions = self.partition_count(topic).await?;
-        // A record without a key is placed by its id, so that its retries land alike.
-        let placed_by = record
-            .key
-            .as_deref()
+        // One ordering key's messages in one partition; a record with no key at all
+        // placed by its id, so that its retries land alike.
+        let placed_by = message
+            .ordering_key()
+            .map(str::as_bytes)
+            .or(record.key.as_deref())
             .unwrap_or(message.message_id().as_bytes());
         let partition = partition_for(placed_by, partitions);
         let client = self.partition_client(topic, partition).await?;
