@@ -1342,3 +1342,45 @@ async fn leases_and_pruning_agree_across_session_time_zones() {
     .await;
     db.cleanup().await;
 }
+
+/// `migrate` on an inbox and outbox that have it all sends no DDL, so a user that may
+/// only read and write rows calls it at start-up: `CREATE TABLE IF NOT EXISTS` needs
+/// the right to create even where the table is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_with_nothing_to_do_needs_no_ddl_rights() {
+    let Some(db) = create("migrate_rows_only").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        diesel_inbox::outbox::migrate(&mut conn)
+            .await
+            .expect("the outbox");
+        let user = format!("{}_rows", db.0.name());
+        let database = db.0.name();
+        conn.batch_execute(&format!(
+            "DROP USER IF EXISTS '{user}'@'%', '{user}'@'localhost'; \
+             CREATE USER '{user}'@'%', '{user}'@'localhost'; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO '{user}'@'%', '{user}'@'localhost'"
+        ))
+        .await
+        .expect("a user that may only read and write rows");
+        let url = db.0.url();
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let (_, server) = rest.split_once('@').expect("a user in the URL");
+        let as_user = format!("{scheme}://{user}@{server}");
+        let mut rows_only = AsyncMysqlConnection::establish(&as_user)
+            .await
+            .expect("connect as the user");
+        let inbox = diesel_inbox::migrate(&mut rows_only).await;
+        let outbox = diesel_inbox::outbox::migrate(&mut rows_only).await;
+        drop(rows_only);
+        conn.batch_execute(&format!("DROP USER '{user}'@'%', '{user}'@'localhost'"))
+            .await
+            .expect("drop the user");
+        assert_eq!(inbox, Ok(()));
+        assert_eq!(outbox, Ok(()));
+    })
+    .await;
+    db.cleanup().await;
+}

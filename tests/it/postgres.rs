@@ -716,3 +716,57 @@ async fn migrate_refuses_a_database_not_encoded_in_utf8() {
     })
     .await;
 }
+
+/// `migrate` on an inbox and outbox that have it all sends no DDL: each instance calls
+/// it at start-up, and a `CREATE INDEX IF NOT EXISTS` locked the table before it looked,
+/// waiting for every open handler's transaction while every new insert queued behind
+/// it (and deadlocked with `upgrade_unique_index`'s concurrent build). Nor does it need
+/// the right to create anything: a role that may only read and write rows calls it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
+    let Some(db) = create("migrate_nothing_to_do").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        diesel_inbox::outbox::migrate(&mut conn)
+            .await
+            .expect("the outbox");
+        let mut open = db.connect().await;
+        open.batch_execute(
+            "BEGIN; INSERT INTO inbox (message_id, consumer) VALUES ('held', 'c'); \
+             INSERT INTO inbox_outbox (message_id, destination, routing_key, headers, payload) \
+             VALUES ('held', 'd', '', '', '')",
+        )
+        .await
+        .expect("a transaction left open on both tables");
+        let at_once = Duration::from_secs(5);
+        let inbox = tokio::time::timeout(at_once, diesel_inbox::migrate(&mut conn)).await;
+        assert!(matches!(inbox, Ok(Ok(()))), "{inbox:?}");
+        let outbox = tokio::time::timeout(at_once, diesel_inbox::outbox::migrate(&mut conn)).await;
+        assert!(matches!(outbox, Ok(Ok(()))), "{outbox:?}");
+        open.batch_execute("ROLLBACK").await.expect("rollback");
+
+        let role = format!("{}_rows_only", db.0.name());
+        let schema = db.0.name();
+        conn.batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+             GRANT USAGE ON SCHEMA {schema} TO {role}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}; \
+             SET ROLE {role}"
+        ))
+        .await
+        .expect("a role that may only read and write rows");
+        let inbox = diesel_inbox::migrate(&mut conn).await;
+        let outbox = diesel_inbox::outbox::migrate(&mut conn).await;
+        conn.batch_execute(&format!(
+            "RESET ROLE; DROP OWNED BY {role}; DROP ROLE {role}"
+        ))
+        .await
+        .expect("drop the role");
+        assert_eq!(inbox, Ok(()));
+        assert_eq!(outbox, Ok(()));
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -39,7 +39,11 @@ impl OutboxStatements for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race, and the indexes are
-        // part of it: MySQL has no CREATE INDEX IF NOT EXISTS.
+        // part of it: MySQL has no CREATE INDEX IF NOT EXISTS. Sent only where a table
+        // is missing, since it needs the right to create even where they are there.
+        if super::statements::tables_exist(conn, &["inbox_outbox", "inbox_outbox_keys"]).await? {
+            return Ok(());
+        }
         conn.batch_execute(include_str!(
             "../../../migrations/mysql/2026-12-04-000000_outbox/up.sql"
         ))

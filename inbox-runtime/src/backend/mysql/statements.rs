@@ -307,11 +307,15 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race.
-        conn.batch_execute(include_str!(
-            "../../../migrations/mysql/2026-11-30-000000_create_inbox/up.sql"
-        ))
-        .await?;
+        // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race; sent only where the
+        // table is missing, since it needs the right to create even where the table is
+        // there, which an application's user may lack.
+        if !tables_exist(conn, &["inbox"]).await? {
+            conn.batch_execute(include_str!(
+                "../../../migrations/mysql/2026-11-30-000000_create_inbox/up.sql"
+            ))
+            .await?;
+        }
         // A table created by hand may lack the index, and MySQL has no
         // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
         // name" is success for us, so it is checked again rather than reported.
@@ -571,6 +575,25 @@ where
          WHERE table_schema = DATABASE() AND table_name = 'inbox' \
          AND column_name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
     ))
+    .get_result(conn)
+    .await
+}
+
+/// Whether the database holds each of `tables`.
+pub(super) async fn tables_exist<C>(conn: &mut C, tables: &[&str]) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    let names = tables
+        .iter()
+        .map(|table| format!("'{table}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&format!(
+        "(SELECT COUNT(*) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name IN ({names})) = {}",
+        tables.len()
+    )))
     .get_result(conn)
     .await
 }

@@ -82,6 +82,8 @@ pub(crate) fn is_connection_lost(message: &str) -> bool {
 }
 
 #[cfg(feature = "postgres")]
+mod catalog;
+#[cfg(feature = "postgres")]
 mod claims;
 #[cfg(feature = "postgres")]
 mod markers;

@@ -7,6 +7,7 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bytea, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use super::catalog;
 use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OutboxStatements, OutgoingRow, due,
 };
@@ -50,6 +51,17 @@ impl OutboxStatements for Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
+        // An outbox that has it all gets no DDL at all (see `catalog.rs`).
+        let present = [
+            catalog::table("inbox_outbox"),
+            catalog::table("inbox_outbox_keys"),
+            catalog::index_on("inbox_outbox", "ix_inbox_outbox_unsent"),
+            catalog::index_on("inbox_outbox", "ix_inbox_outbox_ordering"),
+            catalog::index_on("inbox_outbox", "ix_inbox_outbox_sent"),
+        ];
+        if catalog::holds(conn, &present.join(" AND ")).await? {
+            return Ok(());
+        }
         // One simple query is one transaction: the advisory lock is held until the
         // tables exist, so that concurrent `CREATE … IF NOT EXISTS` never collide.
         conn.batch_execute(&format!(

@@ -8,6 +8,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
+use super::catalog;
 use super::markers::{self, Behind};
 use super::{ABORTED_TRANSACTION, MIGRATE_LOCK};
 use crate::backend::prepared::Prepared;
@@ -202,29 +203,45 @@ impl sealed::Sealed for diesel::pg::Pg {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        // One simple query runs as one transaction, so the advisory lock is held until
-        // the tables exist. Sent as a single batch rather than through
-        // `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a
-        // concrete connection (rust-lang/rust#100013): `migrate` must be spawnable.
-        //
-        // The upgrade to 0.2's columns runs only where one is missing: an
-        // `ALTER TABLE`, even one with nothing to add, waits for every open handler's
-        // transaction and holds up the new ones behind it.
-        let migration = format!(
-            "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {create} \
+        // An inbox that has it all gets no DDL at all (see `catalog.rs`).
+        let present = [
+            catalog::table("inbox"),
+            catalog::index_on("inbox", crate::schema::INDEX_NAME),
+            "(SELECT COUNT(*) FROM pg_catalog.pg_attribute \
+             WHERE attrelid = pg_catalog.to_regclass('inbox') AND NOT attisdropped \
+             AND attname IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4"
+                .to_owned(),
+            // Refused by the first migration, with why.
+            "pg_catalog.current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')".to_owned(),
+        ];
+        if !catalog::holds(conn, &present.join(" AND ")).await? {
+            conn.batch_execute(&migration()).await?;
+        }
+        super::upgrade::migrate_key_digest(conn).await?;
+        warn_unless_english(conn).await
+    }
+}
+
+/// The first two migrations in one transaction, under the migration lock: the table
+/// and its index where missing, then 0.2's columns where one is missing (an
+/// `ALTER TABLE`, even one with nothing to add, waits for every open handler's
+/// transaction and holds up the new ones behind it).
+///
+/// One simple query runs as one transaction, so the advisory lock is held until the
+/// tables exist. Sent as a single batch rather than through
+/// `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a concrete
+/// connection (rust-lang/rust#100013): `migrate` must be spawnable.
+fn migration() -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {create} \
              DO $inbox_upgrade$ BEGIN \
              IF (SELECT COUNT(*) FROM pg_attribute WHERE attrelid = 'inbox'::regclass \
              AND attname IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint') \
              AND NOT attisdropped) < 4 THEN {claims} END IF; \
              END $inbox_upgrade$;",
-            create =
-                include_str!("../../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"),
-            claims = include_str!("../../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
-        );
-        conn.batch_execute(&migration).await?;
-        super::upgrade::migrate_key_digest(conn).await?;
-        warn_unless_english(conn).await
-    }
+        create = include_str!("../../../migrations/postgres/2026-11-30-000000_create_inbox/up.sql"),
+        claims = include_str!("../../../migrations/postgres/2026-12-01-000000_claims/up.sql"),
+    )
 }
 
 /// Deadlocks, lock and statement time-outs reach the crate as their text alone, and
