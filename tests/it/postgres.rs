@@ -770,3 +770,56 @@ async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
     .await;
     db.cleanup().await;
 }
+
+/// A withdrawal-like claim-mode handler: never taken over once its lease ran out.
+#[idempotent(consumer = "stalled-claim", key = key, claim, takeover = false,
+    lease = Duration::from_millis(20))]
+async fn stalled_claim(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    runs: &std::sync::atomic::AtomicUsize,
+) -> Result<(), Error> {
+    let _ = conn;
+    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// A claim whose commit (and each renewal's) used up most of its lease gives up before
+/// its body, which never starts: the claim is released, so the next delivery runs the
+/// body. Left held, its lease ran out as if the body had run, and with
+/// `takeover = false` the next delivery was quarantined and dead-lettered, unprocessed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_given_up_before_its_body_is_released() {
+    let Some(db) = create("claim_given_up").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        // Every write to the claim stalls past half its lease, as a Galera commit
+        // waiting out a dead peer does.
+        conn.batch_execute(
+            "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$; \
+             CREATE TRIGGER stall BEFORE INSERT OR UPDATE ON inbox FOR EACH ROW \
+             WHEN (NEW.consumer = 'stalled-claim' AND NEW.claim_token IS NOT NULL) \
+             EXECUTE FUNCTION stall()",
+        )
+        .await
+        .expect("a stalling trigger");
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let given_up = stalled_claim(&mut conn, "m-1", &runs).await;
+        let error = given_up.expect_err("the lease is used up before the body");
+        assert_eq!(classify(&error), ErrorClass::Transient, "{error}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        conn.batch_execute("DROP TRIGGER stall ON inbox")
+            .await
+            .expect("the stall ends");
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let redelivered = stalled_claim(&mut conn, "m-1", &runs).await;
+        assert_eq!(redelivered, Ok(Outcome::Processed(())));
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    })
+    .await;
+    db.cleanup().await;
+}

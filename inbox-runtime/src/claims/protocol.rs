@@ -291,9 +291,33 @@ where
         Acquired::Held(claim, sent) => (claim, sent),
         Acquired::NotRun(not_run) => return Err(not_run),
     };
-    keep_lease_for_the_body(conn, &claim, sent).await?;
+    if let Err(not_run) = keep_lease_for_the_body(conn, &claim, sent).await {
+        // The body never started, so no outside call was made: released, the claim is
+        // run again by the next delivery, where a lease that merely ran out would be
+        // quarantined (`takeover = false`).
+        if let NotRun::Database(_) = not_run {
+            release_unrun(conn, key, &claim).await;
+        }
+        return Err(not_run);
+    }
     tracing::Span::current().record("inbox.attempt", claim.attempt);
     Ok(Held { claim, key })
+}
+
+/// Releases a claim whose body never started. Should the release fail, the lease ends
+/// and the claim is judged as one whose body may have run.
+async fn release_unrun<C>(conn: &mut C, key: ClaimKey, claim: &Claim)
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    if let Err(release) = C::Backend::release(conn, key, claim.token.to_string()).await {
+        tracing::warn!(
+            target: "diesel_inbox",
+            error = %release,
+            "could not release a claim whose body never started"
+        );
+    }
 }
 
 /// Everything after the body: completes the claim when the body `succeeded`, releases
