@@ -84,8 +84,11 @@ impl Disposition {
 impl Disposition {
     /// Settles a batch handler's result, for every message of the batch alike: `Ok` is
     /// [`Disposition::Ack`] (each message was processed or a duplicate), an error is
-    /// classified as by [`Disposition::of`]. For an [`InvalidBatchKey`](crate::InvalidBatchKey), dead-letter the
-    /// message it names and redeliver the others.
+    /// classified as by [`Disposition::of`]. A `DeadLetter` for a batch of several
+    /// messages need not say which one is at fault (an
+    /// [`InvalidBatchKey`](crate::InvalidBatchKey) does, a business constraint that one
+    /// message breaks does not): run each message alone, as a batch of one, and settle
+    /// each by its own result, so that only the one at fault is dead-lettered.
     pub fn of_batch<T, E>(result: &Result<BatchOutcome<T>, E>) -> Self
     where
         E: Classify + fmt::Display,
