@@ -62,6 +62,9 @@ fn every_linked_handler_is_registered() {
                 "ledger",
                 &*format!("consumers::post (method at tests/consumers.rs:{POST_LINE})")
             ),
+            ("switched", "inbox_test_refunds::switched_claim"),
+            ("switched-batch", "inbox_test_refunds::switched_batch_claim"),
+            ("switched-read", "inbox_test_refunds::switched_read_claim"),
         ]
     );
 }

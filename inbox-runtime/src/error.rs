@@ -241,19 +241,31 @@ pub enum ClaimError {
     /// The claim's statement took so long to commit (a Galera node waiting out a dead
     /// peer, a stalled synchronous replica) that little of its lease was left, and
     /// renewing it took as long: the body did not run, since another delivery could
-    /// take the claim over while it ran. The claim stays held until its lease ends.
-    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message.
+    /// take the claim over while it ran. The claim is released, as the body never
+    /// started. [`Transient`](crate::ErrorClass::Transient): redeliver the message.
     LeaseUsedUp {
         /// The attempt that did not run its body.
         attempt: u32,
     },
+    /// A transactional or batch handler met its message's marker as a claim that a
+    /// claim-mode handler of the same consumer has not completed: one running now, or
+    /// one that failed or crashed (a consumer moved out of claim mode, with claims of
+    /// the old release unfinished). Whether that body made its call is not known, so the
+    /// message is neither processed here nor a duplicate. The body did not run.
+    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message; it is a
+    /// duplicate once the claim completes, or once a person settles it
+    /// ([`complete_by_hand`](crate::claims::complete_by_hand)).
+    Unfinished,
 }
 
 impl ClaimError {
-    /// Whether a later delivery can succeed: [`ClaimError::Lost`] and
-    /// [`ClaimError::LeaseUsedUp`].
+    /// Whether a later delivery can succeed: [`ClaimError::Lost`],
+    /// [`ClaimError::LeaseUsedUp`] and [`ClaimError::Unfinished`].
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, Self::Lost { .. } | Self::LeaseUsedUp { .. })
+        matches!(
+            self,
+            Self::Lost { .. } | Self::LeaseUsedUp { .. } | Self::Unfinished
+        )
     }
 
     /// Whether the connection it happened on must be discarded.
@@ -301,7 +313,15 @@ impl fmt::Display for ClaimError {
                 f,
                 "attempt {attempt}'s claim took so long to commit that too little of its \
                  lease was left to run the body, and renewing it took as long: the body \
-                 did not run; the redelivery takes the claim over once its lease has ended"
+                 did not run, and the claim was released for the redelivery"
+            ),
+            Self::Unfinished => write!(
+                f,
+                "the message's marker is a claim that a claim-mode handler of this \
+                 consumer has not completed (running now, or failed or crashed): this \
+                 handler cannot tell whether that body made its call, so it did not run; \
+                 the redelivery is a duplicate once the claim completes or is settled by \
+                 hand (diesel_inbox::claims)"
             ),
         }
     }

@@ -5,6 +5,7 @@
 //! own made by `diesel_inbox::testing`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::result::Error;
@@ -1239,6 +1240,84 @@ fn server_url(variable: &str) -> Option<String> {
     }
 }
 
+/// A transactional handler under the consumer name of an earlier release's claim-mode
+/// handler (`inbox_test_refunds::switched_claim`).
+#[idempotent(consumer = "switched", key = id)]
+async fn switched<C>(conn: &mut C, id: u64, runs: &AtomicUsize) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let _ = (conn, id);
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// [`switched`] as a batch handler.
+#[idempotent(consumer = "switched-batch", batch = ids, key = |id| *id)]
+async fn switched_batch<C>(conn: &mut C, ids: &[u64], runs: &AtomicUsize) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let _ = conn;
+    runs.fetch_add(ids.len(), Ordering::SeqCst);
+    Ok(())
+}
+
+/// [`switched`], reading the inbox before its transaction.
+#[idempotent(consumer = "switched-read", key = id, fast_path = true)]
+async fn switched_read<C>(conn: &mut C, id: u64, runs: &AtomicUsize) -> Result<(), Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let _ = (conn, id);
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A consumer moved out of claim mode meets the claims its earlier release left
+/// unfinished (here, released after a failed body): whether that body made its call is
+/// not known, so it is neither processed again nor acknowledged as a duplicate (which
+/// lost the message), but `ClaimError::Unfinished`, retried.
+async fn unfinished_claims_of_an_earlier_mode<C: TestConnection>(db: TestDatabase<C>) {
+    let mut conn = db.connect().await.expect("connect");
+    assert!(
+        inbox_test_refunds::switched_claim(&mut conn, 7)
+            .await
+            .is_err()
+    );
+    assert!(
+        inbox_test_refunds::switched_batch_claim(&mut conn, 7)
+            .await
+            .is_err()
+    );
+    assert!(
+        inbox_test_refunds::switched_read_claim(&mut conn, 7)
+            .await
+            .is_err()
+    );
+    let runs = AtomicUsize::new(0);
+    let unfinished = |error: &Error| {
+        InboxError::find(error) == Some(&InboxError::Claim(ClaimError::Unfinished))
+            && classify(error) == ErrorClass::Transient
+    };
+    let single = switched(&mut conn, 7, &runs).await;
+    assert!(
+        matches!(&single, Err(error) if unfinished(error)),
+        "{single:?}"
+    );
+    let batch = switched_batch(&mut conn, &[7, 8], &runs).await;
+    assert!(
+        matches!(&batch, Err(error) if unfinished(error)),
+        "{batch:?}"
+    );
+    let read = switched_read(&mut conn, 7, &runs).await;
+    assert!(matches!(&read, Err(error) if unfinished(error)), "{read:?}");
+    assert_eq!(runs.into_inner(), 0);
+}
+
 macro_rules! on_every_backend {
     ($($scenario:ident,)*) => {
         mod postgres {$(
@@ -1293,6 +1372,7 @@ on_every_backend!(
     body_left_in_a_transaction,
     handlers_inside_a_claim_see_no_claim,
     a_stale_holder_never_settles_the_takers_claim,
+    unfinished_claims_of_an_earlier_mode,
 );
 
 /// A MySQL session with autocommit off, as a server's `autocommit = 0` or an

@@ -45,54 +45,6 @@ macro_rules! inbox_seen {
     };
 }
 
-/// `sealed::Sealed::insert_marker` as diesel's `INSERT … ON CONFLICT (message_id,
-/// consumer) DO NOTHING`: a duplicate waits for the transaction holding the key, then
-/// inserts nothing, without raising an error. A new marker is followed by the batch
-/// `then`, when given. (PostgreSQL binds its keys as bytes instead: `postgres/markers.rs`.)
-#[cfg(feature = "sqlite")]
-macro_rules! insert_marker_on_conflict_do_nothing {
-    ($(then $then:expr)?) => {
-        fn insert_marker<'c, C>(
-            conn: &'c mut C,
-            marker: &$crate::backend::sealed::Marker,
-        ) -> impl ::std::future::Future<Output = ::diesel::QueryResult<bool>> + Send + use<'c, C>
-        where
-            C: ::diesel_async::AsyncConnection<Backend = Self>,
-        {
-            use $crate::schema::inbox;
-
-            let message_id = marker.message_id.clone();
-            let consumer = marker.consumer;
-            let fingerprint = marker.fingerprint.clone();
-            async move {
-                let inserted = match fingerprint {
-                    None => {
-                        let insert = $crate::backend::queries::plain_insert(message_id, consumer)
-                            .on_conflict((inbox::message_id, inbox::consumer))
-                            .do_nothing();
-                        ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await?
-                    }
-                    Some(fingerprint) => {
-                        let insert = $crate::backend::queries::fingerprinted_insert(
-                            message_id,
-                            consumer,
-                            fingerprint,
-                        )
-                        .on_conflict((inbox::message_id, inbox::consumer))
-                        .do_nothing();
-                        ::diesel_async::RunQueryDsl::execute(insert, &mut *conn).await?
-                    }
-                };
-                if inserted == 0 {
-                    return Ok(false);
-                }
-                $(::diesel_async::SimpleAsyncConnection::batch_execute(conn, $then).await?;)?
-                Ok(true)
-            }
-        }
-    };
-}
-
 pub(crate) mod claim_statements;
 pub(crate) mod mysql;
 pub(crate) mod outbox_statements;
@@ -195,6 +147,23 @@ pub(crate) fn met_another_marker(
                  could be compared: nothing was written, and a redelivery processes it",
             )),
         ),
+    }
+}
+
+/// The key's own marker, read back after an insert met a marker: `None` where there is
+/// none (the insert met another key's, or a pruned one); `Some(processed)` where there
+/// is, `processed` being false for a claim that claim mode has not completed.
+///
+/// For a transactional or batch handler only a processed marker is a duplicate: an
+/// unfinished claim (the consumer moved out of claim mode, say) is
+/// [`ClaimError::Unfinished`](crate::ClaimError::Unfinished), since its body may or may
+/// not have made its call; a claim-mode delivery judges such a claim itself.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn processed_or_unfinished(processed: bool) -> diesel::QueryResult<()> {
+    if processed {
+        Ok(())
+    } else {
+        Err(crate::ClaimError::Unfinished.into())
     }
 }
 

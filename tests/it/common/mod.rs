@@ -1206,7 +1206,8 @@ where
         .first()
         .cloned()
         .unwrap_or_default();
-    (outcome, first.contains("EXISTS"))
+    // The read is a SELECT; the transaction's first statement, a BEGIN.
+    (outcome, first.trim_start().starts_with("SELECT"))
 }
 
 /// By default a handler reads first only while duplicates are common: never for new

@@ -83,9 +83,10 @@ impl ClaimStatements for Mysql {
                     message_id,
                     consumer,
                 } = &claim.key;
+                // Processed or not, the claim protocol reads the marker and judges it.
                 super::markers::confirm_duplicate(conn, message_id, consumer)
                     .await
-                    .map(|()| false)
+                    .map(|_| false)
             }
             Err(other) => Err(other),
         };

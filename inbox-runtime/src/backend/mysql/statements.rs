@@ -13,7 +13,7 @@ use crate::backend::prepared::Prepared;
 use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits};
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{end_unless_inserted, enter_transaction};
+use crate::backend::{end_unless_inserted, enter_transaction, processed_or_unfinished};
 use crate::schema::INDEX_NAME;
 
 use super::call::Call;
@@ -79,8 +79,10 @@ impl sealed::Sealed for Mysql {
             // (A BEGIN of the handler's would have committed it, as it commits whatever
             // such a session left open.)
             match read {
-                Ok(read) if read.opened_transaction => call.committed(conn, Ok(read.found)).await,
-                read => call.answered(conn, read.map(|read| read.found)),
+                Ok(read) if read.opened_transaction => {
+                    call.committed(conn, Ok(read.processed == Some(true))).await
+                }
+                read => call.answered(conn, read.map(|read| read.processed == Some(true))),
             }
         }
     }
@@ -117,7 +119,9 @@ impl sealed::Sealed for Mysql {
                 Ok(()) => Ok(true),
                 // Only the insert writes to a unique index, and the batch stops there.
                 Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    let met = markers::confirm_duplicate(conn, &message_id, consumer).await;
+                    let met = markers::confirm_duplicate(conn, &message_id, consumer)
+                        .await
+                        .and_then(processed_or_unfinished);
                     end_unless_inserted(conn, met.map(|()| false)).await
                 }
                 // A Galera abort can turn the last statement's success into 1213 after
@@ -171,7 +175,8 @@ impl sealed::Sealed for Mysql {
                 // Our own statement on our own table: its only unique index besides the
                 // auto-increment key is the inbox's, whatever language the message is in.
                 Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    let processed = markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    processed_or_unfinished(processed)?;
                     Ok(false)
                 }
                 Err(other) => Err(other),
@@ -552,7 +557,8 @@ where
             {
                 Ok(_) => true,
                 Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    let processed = markers::confirm_duplicate(conn, &message_id, consumer).await?;
+                    processed_or_unfinished(processed)?;
                     false
                 }
                 Err(other) => return Err(other),

@@ -62,6 +62,7 @@ impl ClaimStatements for Pg {
         if inserted == 1 {
             return Ok(true);
         }
+        // Processed or not, the claim protocol reads the marker and judges it.
         super::markers::confirm_duplicate(conn, &message_id, &consumer).await?;
         Ok(false)
     }

@@ -45,6 +45,13 @@ pub(super) const BY_KEY: &str = "WHERE inbox_key_digest(consumer, message_id) = 
      inbox_key_digest(pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from($1, 'UTF8')) \
      AND message_id = pg_catalog.convert_from($1, 'UTF8') AND consumer = pg_catalog.convert_from($2, 'UTF8')";
 
+/// Whether the row of `inbox` is processed: not a claim that claim mode has yet to
+/// complete. Read through the row as a whole, so that the statement also runs on a table
+/// of 0.1, which `migrate` has not reached yet and which has no claim columns (and
+/// holds no claims), while handlers of this version run against it.
+const PROCESSED: &str =
+    "pg_catalog.jsonb_extract_path_text(pg_catalog.to_jsonb(inbox), 'lease_ends_at') IS NULL";
+
 /// Which transaction a marker insert runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Behind {
@@ -107,30 +114,32 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
     }
 }
 
-/// Whether the key's marker is there: the fast path's read, and a conflict's check.
-pub(super) async fn marker_exists<C>(
+/// The key's marker: `None` where there is none, else whether it is processed (not a
+/// claim that claim mode has yet to complete). The fast path's read, and a conflict's
+/// check.
+pub(super) async fn marker_processed<C>(
     conn: &mut C,
     message_id: &str,
     consumer: &str,
-) -> QueryResult<bool>
+) -> QueryResult<Option<bool>>
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
     #[derive(diesel::QueryableByName)]
     struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+        processed: Option<bool>,
     }
-    let Found { found } = Prepared(
+    let Found { processed } = Prepared(
         diesel::sql_query(format!(
-            "SELECT EXISTS (SELECT 1 FROM inbox {BY_KEY}) AS found"
+            "SELECT (SELECT {PROCESSED} FROM inbox {BY_KEY}) AS processed"
         ))
         .bind::<Bytea, _>(message_id.as_bytes())
         .bind::<Bytea, _>(consumer.as_bytes()),
     )
     .get_result(conn)
     .await?;
-    Ok(found)
+    Ok(processed)
 }
 
 /// A batch's markers in one statement, `RETURNING` the new ones: the ids bound as one
@@ -198,7 +207,8 @@ where
     if insert.execute(conn).await? > 0 {
         return Ok(true);
     }
-    confirm_duplicate(conn, &marker.message_id, marker.consumer).await?;
+    let processed = confirm_duplicate(conn, &marker.message_id, marker.consumer).await?;
+    crate::backend::processed_or_unfinished(processed)?;
     Ok(false)
 }
 
@@ -227,8 +237,9 @@ where
     Ok(new)
 }
 
-/// Confirms that an insert which met a marker met the key's own (`Ok`): the unique index
-/// may hold a digest, which another key can share. Another key's marker is a
+/// Confirms that an insert which met a marker met the key's own, and says whether it is
+/// processed (not a claim that claim mode has yet to complete): the unique index may
+/// hold a digest, which another key can share. Another key's marker is a
 /// [`KeyCollision`](crate::KeyCollision), never a duplicate.
 ///
 /// Run in the insert's transaction: the marker it met is committed (the insert waited
@@ -237,14 +248,14 @@ pub(super) async fn confirm_duplicate<C>(
     conn: &mut C,
     message_id: &str,
     consumer: &str,
-) -> QueryResult<()>
+) -> QueryResult<bool>
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
-    if marker_exists(conn, message_id, consumer).await? {
-        return Ok(());
+    match marker_processed(conn, message_id, consumer).await? {
+        Some(processed) => Ok(processed),
+        None => Err(collision(conn, message_id, consumer).await),
     }
-    Err(collision(conn, message_id, consumer).await)
 }
 
 /// [`confirm_duplicate`] for a batch's markers that met one, in one statement.
@@ -252,23 +263,42 @@ async fn confirm_duplicates<C>(conn: &mut C, consumer: &str, met: Vec<&[u8]>) ->
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
-    let missing: Vec<NewMarker> = Prepared(
+    // The keys whose marker is missing (`processed` NULL) or a claim that claim mode
+    // has yet to complete.
+    #[derive(diesel::QueryableByName)]
+    struct Unconfirmed {
+        #[diesel(sql_type = Bytea)]
+        message_id: Vec<u8>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Bool>)]
+        processed: Option<bool>,
+    }
+    let unconfirmed: Vec<Unconfirmed> = Prepared(
         diesel::sql_query(
-            "SELECT batch.message_id FROM pg_catalog.unnest($1::bytea[]) AS batch (message_id) \
-             WHERE NOT EXISTS (SELECT 1 FROM inbox \
+            "SELECT batch.message_id, (SELECT pg_catalog.jsonb_extract_path_text(\
+             pg_catalog.to_jsonb(inbox), 'lease_ends_at') IS NULL FROM inbox \
              WHERE inbox_key_digest(consumer, message_id) \
              = inbox_key_digest(pg_catalog.convert_from($2, 'UTF8'), pg_catalog.convert_from(batch.message_id, 'UTF8')) \
              AND message_id = pg_catalog.convert_from(batch.message_id, 'UTF8') \
-             AND consumer = pg_catalog.convert_from($2, 'UTF8'))",
+             AND consumer = pg_catalog.convert_from($2, 'UTF8')) AS processed \
+             FROM pg_catalog.unnest($1::bytea[]) AS batch (message_id)",
         )
         .bind::<Array<Bytea>, _>(met)
         .bind::<Bytea, _>(consumer.as_bytes()),
     )
     .load(conn)
     .await?;
-    let Some(NewMarker { message_id }) = missing.into_iter().next() else {
+    let Some(Unconfirmed {
+        message_id,
+        processed,
+    }) = unconfirmed
+        .into_iter()
+        .find(|marker| marker.processed != Some(true))
+    else {
         return Ok(());
     };
+    if processed.is_some() {
+        return crate::backend::processed_or_unfinished(false);
+    }
     let message_id = String::from_utf8_lossy(&message_id).into_owned();
     Err(collision(conn, &message_id, consumer).await)
 }

@@ -93,7 +93,11 @@ impl sealed::Sealed for diesel::pg::Pg {
     {
         // PostgreSQL never reads uncommitted rows, at any isolation level.
         let marker = marker.clone();
-        async move { markers::marker_exists(conn, &marker.message_id, marker.consumer).await }
+        async move {
+            let processed =
+                markers::marker_processed(conn, &marker.message_id, marker.consumer).await?;
+            Ok(processed == Some(true))
+        }
     }
 
     async fn insert_markers<C>(

@@ -16,7 +16,8 @@ use crate::backend::queries::{
 };
 use crate::backend::savepoint::{self, SavepointBackend, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{end_unless_inserted, enter_transaction};
+use crate::backend::{end_unless_inserted, enter_transaction, processed_or_unfinished};
+use crate::schema::inbox;
 
 diesel::table! {
     /// The connection's `PRAGMA read_uncommitted`, as a table-valued function.
@@ -63,6 +64,7 @@ impl sealed::Sealed for Sqlite {
         let marker = marker.clone();
         async move {
             enter_transaction(conn)?;
+            let (message_id, consumer) = (marker.message_id.clone(), marker.consumer);
             let inserted = match batch {
                 Some(batch) => conn.batch_execute(&batch).await,
                 None => insert_bound(conn, marker).await,
@@ -70,15 +72,53 @@ impl sealed::Sealed for Sqlite {
             let inserted = match inserted {
                 Ok(()) => Ok(true),
                 // Only the insert writes to a unique index.
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                    met_processed(conn, vec![message_id], consumer)
+                        .await
+                        .map(|()| false)
+                }
                 Err(error) => Err(error),
             };
             end_unless_inserted(conn, inserted).await
         }
     }
 
-    // In a test transaction, after the call's savepoint.
-    insert_marker_on_conflict_do_nothing!(then concat!("SAVEPOINT ", savepoint!()));
+    /// In a test transaction, after the call's savepoint.
+    fn insert_marker<'c, C>(
+        conn: &'c mut C,
+        marker: &Marker,
+    ) -> impl Future<Output = QueryResult<bool>> + Send + use<'c, C>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let marker = marker.clone();
+        async move {
+            let (message_id, consumer) = (marker.message_id.clone(), marker.consumer);
+            let inserted = match marker.fingerprint {
+                None => {
+                    plain_insert(marker.message_id, consumer)
+                        .on_conflict((inbox::message_id, inbox::consumer))
+                        .do_nothing()
+                        .execute(&mut *conn)
+                        .await?
+                }
+                Some(fingerprint) => {
+                    fingerprinted_insert(marker.message_id, consumer, fingerprint)
+                        .on_conflict((inbox::message_id, inbox::consumer))
+                        .do_nothing()
+                        .execute(&mut *conn)
+                        .await?
+                }
+            };
+            if inserted == 0 {
+                met_processed(conn, vec![message_id], consumer).await?;
+                return Ok(false);
+            }
+            conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
+                .await?;
+            Ok(true)
+        }
+    }
 
     fn already_processed<'c, C>(
         conn: &'c mut C,
@@ -90,13 +130,31 @@ impl sealed::Sealed for Sqlite {
         // With a shared cache and `PRAGMA read_uncommitted = 1`, a read sees other
         // connections' uncommitted markers. Such a connection never trusts a read and
         // leaves the answer to the transaction.
-        let reads_uncommitted = pragma_read_uncommitted::table
-            .filter(pragma_read_uncommitted::read_uncommitted.eq(true));
-        select(
-            exists(marker_row(marker.message_id.clone(), marker.consumer))
-                .and(not(exists(reads_uncommitted))),
-        )
-        .get_result(conn)
+        // A marker that is a claim claim mode has yet to complete is no duplicate (see
+        // `met_processed`); a table of 0.1 has no claim columns, and holds no claims.
+        let reads_uncommitted = || {
+            pragma_read_uncommitted::table
+                .filter(pragma_read_uncommitted::read_uncommitted.eq(true))
+        };
+        let (message_id, consumer) = (marker.message_id.clone(), marker.consumer);
+        async move {
+            let processed =
+                marker_row(message_id.clone(), consumer).filter(inbox::lease_ends_at.is_null());
+            let read = select(exists(processed).and(not(exists(reads_uncommitted()))))
+                .get_result(&mut *conn)
+                .await;
+            match read {
+                Err(error) if lacks_claim_columns(&error) => {
+                    select(
+                        exists(marker_row(message_id, consumer))
+                            .and(not(exists(reads_uncommitted()))),
+                    )
+                    .get_result(conn)
+                    .await
+                }
+                read => read,
+            }
+        }
     }
 
     async fn insert_markers<C>(
@@ -115,6 +173,14 @@ impl sealed::Sealed for Sqlite {
                 " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id",
             );
             let inserted: Vec<String> = insert.load(&mut *conn).await?;
+            let met: Vec<String> = chunk
+                .iter()
+                .filter(|id| !inserted.contains(id))
+                .cloned()
+                .collect();
+            if !met.is_empty() {
+                met_processed(conn, met, consumer).await?;
+            }
             new.extend(chunk.iter().map(|id| inserted.contains(id)));
         }
         if new.contains(&true) {
@@ -238,6 +304,41 @@ fn text_literal(text: &str) -> Option<String> {
 
 /// `BEGIN`, the marker insert with its text bound, and the savepoint, each a round
 /// trip of its own: for a key that no SQL text can carry.
+/// Checks that the markers that inserts of `message_ids` met are processed: one that is
+/// a claim claim mode has yet to complete is
+/// [`ClaimError::Unfinished`](crate::ClaimError::Unfinished) (see
+/// `processed_or_unfinished`).
+async fn met_processed<C>(
+    conn: &mut C,
+    message_ids: Vec<String>,
+    consumer: &'static str,
+) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Sqlite>,
+{
+    let unfinished = inbox::table
+        .filter(inbox::consumer.eq(consumer))
+        .filter(inbox::message_id.eq_any(message_ids))
+        .filter(inbox::lease_ends_at.is_not_null())
+        .count()
+        .get_result::<i64>(conn)
+        .await;
+    match unfinished {
+        Ok(0) => Ok(()),
+        Ok(_) => processed_or_unfinished(false),
+        // A table of 0.1, which `migrate` has not reached, holds no claims.
+        Err(error) if lacks_claim_columns(&error) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether `error` says the inbox has no claim columns: a table of 0.1, which `migrate`
+/// has not reached yet while handlers of this version run against it.
+fn lacks_claim_columns(error: &Error) -> bool {
+    matches!(error, Error::DatabaseError(_, info)
+        if info.message() == "no such column: lease_ends_at")
+}
+
 async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Sqlite>,
