@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use diesel::result::Error;
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, SimpleAsyncConnection, TransactionManager as _};
 use diesel_inbox::schema::IndexUpgrade;
 use diesel_inbox::testing::select_i64;
 use diesel_inbox::{
@@ -54,6 +54,9 @@ struct Dialect {
     /// prefix of the digest, which the lookup by the whole digest does not meet: the
     /// collision is then an error that a redelivery retries, never a duplicate either.
     finds_the_holder: bool,
+    /// Counts 1 where a session keeps a setting of the upgrade's: what a call dropped
+    /// midway must not hand to a pool's next user.
+    upgrade_setting_left: &'static str,
 }
 
 const POSTGRES: Dialect = Dialect {
@@ -78,6 +81,8 @@ const POSTGRES: Dialect = Dialect {
     leftovers: "SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass('inbox') \
          AND NOT indisvalid",
     finds_the_holder: true,
+    // Its settings are the swap's transaction's own (`SET LOCAL`).
+    upgrade_setting_left: "SELECT CAST(0 AS bigint)",
 };
 
 const MYSQL: Dialect = Dialect {
@@ -97,6 +102,7 @@ const MYSQL: Dialect = Dialect {
          + (SELECT COUNT(*) FROM information_schema.triggers \
          WHERE trigger_schema = DATABASE())",
     finds_the_holder: false,
+    upgrade_setting_left: "SELECT @@SESSION.lock_wait_timeout = 1",
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,6 +314,15 @@ where
         first.is_err(),
         "the first call was still running when dropped"
     );
+    // A pool discards a connection that reads as broken; one that does not must not
+    // keep the upgrade's settings, which would make its next user's lock waits fail.
+    let broken = <D::Conn as AsyncConnection>::TransactionManager::is_broken_transaction_manager(
+        &mut cut_short,
+    );
+    if !broken {
+        let left = select_i64(&mut cut_short, dialect.upgrade_setting_left).await;
+        assert_eq!(left, Ok(0), "a setting of the dropped upgrade's is left");
+    }
     drop(cut_short);
     // The server may finish the first call's work on its own (MariaDB's `ALTER`), which
     // the second then finds done; the index is checked below either way.

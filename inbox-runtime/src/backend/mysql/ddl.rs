@@ -10,6 +10,8 @@ use diesel::result::Error;
 use diesel::sql_types::{BigInt, Nullable};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use crate::backend::InFlight;
+
 /// Attempts at a statement that waits for a lock, each for a second at most, before the
 /// upgrade reports the time-out.
 const LOCK_ATTEMPTS: u32 = 30;
@@ -19,11 +21,14 @@ const UPGRADE_LOCK: &str = "diesel_inbox_upgrade";
 
 /// `statement`, which waits for the inbox's metadata lock while statements on the
 /// inbox queue behind it: under a one-second `lock_wait_timeout`, tried again after a
-/// pause that lets the queue drain.
+/// pause that lets the queue drain. The connection reads as broken until the session's
+/// own timeout is back (see [`InFlight`]): a call dropped midway left it at one second
+/// for a pool's next user, whose handlers then timed out on every lock wait.
 pub(super) async fn with_short_lock_waits<C>(conn: &mut C, statement: &str) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
+    let in_flight = InFlight::mark(conn)?;
     conn.batch_execute(
         "SET @diesel_inbox_lock_wait_timeout = @@SESSION.lock_wait_timeout, \
          SESSION lock_wait_timeout = 1",
@@ -45,6 +50,9 @@ where
              @diesel_inbox_lock_wait_timeout = NULL",
         )
         .await;
+    if restored.is_ok() {
+        in_flight.answered(conn);
+    }
     done.and(restored)
 }
 
