@@ -8,7 +8,7 @@
 //! It reads partition 0 of the topic `credits`, records with a JSON body
 //! `{"account": 1, "amount": 250}`, keyed by their `message-id` header (where the
 //! outbox's `OutboxPublisher` puts a message's id), else by (topic,
-//! partition, offset). The order is the point: the handler's transaction commits the
+//! partition, offset, timestamp). The order is the point: the handler's transaction commits the
 //! marker and the credit, and only then is the offset committed. A crash between the
 //! two re-reads the record, which the inbox answers `Duplicate`; the other order would
 //! lose it. rskafka has no consumer groups, so the offset is committed to a table of the

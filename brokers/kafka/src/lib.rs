@@ -21,20 +21,25 @@
 //!
 //! The key is a header the producer sets (an event id), which stays the same when the
 //! producer sends the record again after a lost acknowledgement, or when a record is
-//! copied to another topic. Without one, (topic, partition, offset) names the record:
-//! stable across re-reads, but a producer's retry is a new offset, and so a new key.
-//! The record timestamp is no key: two records can share one. [`message_key`] picks the
-//! key of an rskafka record, [`record_key`] that of any client's:
+//! copied to another topic. Without one, (topic, partition, offset, timestamp) names the
+//! record: stable across re-reads, but a producer's retry is a new offset, and so a new
+//! key. The timestamp, stored with the record, tells apart two records at one offset of
+//! a topic deleted and created again, whose offsets start again at 0 (without it, a new
+//! record was acknowledged as a duplicate of the old topic's). The timestamp alone is no
+//! key: two records can share one. [`message_key`] picks the key of an rskafka record,
+//! [`record_key`] that of any client's:
 //!
 //! ```
 //! use std::collections::BTreeMap;
 //! use diesel_inbox_kafka::{RecordKey, record_key};
 //!
 //! let mut headers = BTreeMap::new();
-//! let key = record_key("event-id", "credits", 0, 42, &headers)?;
+//! let created = 1_765_000_000_000; // the record's timestamp, in milliseconds
+//! let key = record_key("event-id", "credits", 0, 42, created, &headers)?;
 //! assert!(matches!(key, RecordKey::Position { offset: 42, .. }));
 //! headers.insert("event-id".to_owned(), b"e-1".to_vec());
-//! assert_eq!(record_key("event-id", "credits", 0, 42, &headers)?, RecordKey::Header("e-1"));
+//! let key = record_key("event-id", "credits", 0, 42, created, &headers)?;
+//! assert_eq!(key, RecordKey::Header("e-1"));
 //! # Ok::<(), diesel_inbox::MissingKey>(())
 //! ```
 //!
@@ -75,7 +80,8 @@ pub use outbox::{ID_HEADER, OutboxPublisher};
 pub enum RecordKey<'a> {
     /// The producer's id header, stored as it is.
     Header(&'a str),
-    /// No id header: the record's place, stored as the tuple (topic, partition, offset).
+    /// No id header: the record's place and time, stored as the tuple (topic,
+    /// partition, (offset, timestamp)).
     Position {
         /// The topic.
         topic: &'a str,
@@ -83,6 +89,8 @@ pub enum RecordKey<'a> {
         partition: i32,
         /// The record's offset in the partition.
         offset: i64,
+        /// The record's timestamp, in milliseconds since the Unix epoch.
+        timestamp_millis: i64,
     },
 }
 
@@ -94,13 +102,15 @@ impl InboxKey for RecordKey<'_> {
                 topic,
                 partition,
                 offset,
-            } => (topic, partition, offset).write_key(out),
+                timestamp_millis,
+            } => (topic, partition, (offset, timestamp_millis)).write_key(out),
         }
     }
 }
 
-/// The key of the record at `offset` in `topic`/`partition` with `headers`: the
-/// `id_header` where the record has it, else its position.
+/// The key of the record at `offset` in `topic`/`partition`, with `timestamp_millis`
+/// (its timestamp) and `headers`: the `id_header` where the record has it, else its
+/// position and time.
 ///
 /// A header that is present but empty or not UTF-8 is [`MissingKey`] rather than a
 /// fallback to the position, which would let the producer's retry through as new.
@@ -109,6 +119,7 @@ pub fn record_key<'a>(
     topic: &'a str,
     partition: i32,
     offset: i64,
+    timestamp_millis: i64,
     headers: &'a BTreeMap<String, Vec<u8>>,
 ) -> Result<RecordKey<'a>, MissingKey> {
     match headers.get(id_header) {
@@ -116,6 +127,7 @@ pub fn record_key<'a>(
             topic,
             partition,
             offset,
+            timestamp_millis,
         }),
         Some(value) => match std::str::from_utf8(value) {
             Ok(id) if !id.is_empty() => Ok(RecordKey::Header(id)),
@@ -136,6 +148,7 @@ pub fn message_key<'a>(
         topic,
         partition,
         record.offset,
+        record.record.timestamp.timestamp_millis(),
         &record.record.headers,
     )
 }
@@ -147,13 +160,18 @@ mod tests {
     #[test]
     fn the_header_wins_and_the_position_is_the_fallback() {
         let mut headers = BTreeMap::new();
-        let position = record_key("event-id", "credits", 3, 42, &headers).unwrap();
-        assert_eq!(position.encode().unwrap(), "7:credits1:32:42");
+        let created = 1_765_000_000_000;
+        let position = record_key("event-id", "credits", 3, 42, created, &headers).unwrap();
+        let encoded = position.encode().unwrap();
+        assert!(encoded.starts_with("7:credits1:3"), "{encoded}");
+        // A topic made again: the same offset, at another time, is another record.
+        let again = record_key("event-id", "credits", 3, 42, created + 1, &headers).unwrap();
+        assert_ne!(again.encode().unwrap(), encoded);
         headers.insert("event-id".to_owned(), b"e-1".to_vec());
-        let header = record_key("event-id", "credits", 3, 42, &headers).unwrap();
+        let header = record_key("event-id", "credits", 3, 42, created, &headers).unwrap();
         assert_eq!(header.encode().unwrap(), "e-1");
         headers.insert("event-id".to_owned(), vec![0xff]);
-        let error = record_key("event-id", "credits", 3, 42, &headers).unwrap_err();
+        let error = record_key("event-id", "credits", 3, 42, created, &headers).unwrap_err();
         assert_eq!(error.field(), "event-id");
     }
 }

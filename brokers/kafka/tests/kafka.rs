@@ -2,8 +2,9 @@
 //! outbox on the local PostgreSQL: committed messages are produced with their id, one
 //! key's records land in one partition in commit order, a copy produced again after a
 //! relay's crash is absorbed by the receiver's inbox, records the cluster never takes
-//! are parked, and a broker out of reach holds messages back until it returns (on a
-//! broker of that test's own). Each test creates topics of its own and deletes them at
+//! are parked, a broker out of reach holds messages back until it returns (on a
+//! broker of that test's own), and a record without an id in a topic made again is a
+//! new message. Each test creates topics of its own and deletes them at
 //! the end.
 
 use std::collections::{BTreeMap, HashMap};
@@ -21,9 +22,9 @@ use diesel_inbox::outbox::{self, OutboxMessage, Publisher as _, Relay};
 use diesel_inbox::testing::{TestDatabase, select_i64};
 use diesel_inbox::{Outcome, idempotent};
 use diesel_inbox_kafka::{ID_HEADER, OutboxPublisher, RecordKey, message_key};
-use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
+use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
-use rskafka::record::RecordAndOffset;
+use rskafka::record::{Record, RecordAndOffset};
 
 const PARTITIONS: i32 = 3;
 
@@ -203,6 +204,63 @@ async fn the_relay_produces_what_committed_one_ordering_keys_records_in_one_part
     assert_eq!(unsent(&mut conn).await, 0);
     drop(conn);
     fixture.cleanup().await;
+}
+
+/// A record without an id header is keyed by its place and time: after its topic is
+/// deleted and created again, a new record at the same offset is another message, not
+/// a duplicate of the old topic's (which it was when the key was the place alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_made_again_reuses_offsets_but_not_keys() {
+    let Some(fixture) = fixture("made_again").await else {
+        return;
+    };
+    let mut conn = fixture.db.connect().await.expect("connect");
+    let mut outcomes = Vec::new();
+    for generation in 0..2 {
+        if generation > 0 {
+            let controller = fixture.client.controller_client().expect("controller");
+            controller
+                .delete_topic(&fixture.topic, 5_000)
+                .await
+                .expect("delete the topic");
+            controller
+                .create_topic(&fixture.topic, PARTITIONS, 1, 5_000)
+                .await
+                .expect("create it again");
+        }
+        let record = Record {
+            key: None,
+            value: Some(format!("generation {generation}").into_bytes()),
+            headers: BTreeMap::new(),
+            timestamp: now(),
+        };
+        fixture
+            .partition(0)
+            .await
+            .produce(vec![record], Compression::NoCompression)
+            .await
+            .expect("produce");
+        let records = fixture.records(1).await;
+        let read = &records[&0][0];
+        assert_eq!(read.offset, 0, "a topic of its own starts at offset 0");
+        let key = message_key(ID_HEADER, &fixture.topic, 0, read).expect("a key");
+        assert!(matches!(key, RecordKey::Position { .. }), "{key:?}");
+        outcomes.push(receive(&mut conn, key).await.expect("receive"));
+        // Records of a millisecond apart, at least.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(outcomes, [Outcome::Processed(()), Outcome::Processed(())]);
+    drop(conn);
+    fixture.cleanup().await;
+}
+
+/// The time now, as a record's timestamp.
+fn now() -> rskafka::chrono::DateTime<rskafka::chrono::Utc> {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let millis = i64::try_from(since_epoch.as_millis()).expect("before 292 million years");
+    rskafka::chrono::DateTime::from_timestamp_millis(millis).expect("a timestamp")
 }
 
 /// A relay produces a record and dies before marking it; once its lease ends another
