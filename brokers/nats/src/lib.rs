@@ -48,11 +48,14 @@
 //!
 //! The key is the `Nats-Msg-Id` header, which the producer sets (and JetStream also uses
 //! to drop a re-published copy within the stream's duplicate window), falling back to
-//! the stream and its sequence number, which stay the same across redeliveries of one
-//! stored message but differ for a message published twice: only a producer-set id makes
-//! a producer's retry after a lost acknowledgement the same key. The consumer sequence,
-//! the delivery count and the reply subject change with every delivery, and the publish
-//! timestamp can repeat: none of them is a key. A message with neither (not delivered by
+//! the stream, its sequence number and the time the stream stored the message, which
+//! stay the same across redeliveries of one stored message but differ for a message
+//! published twice: only a producer-set id makes a producer's retry after a lost
+//! acknowledgement the same key. (The time tells apart two messages at one sequence
+//! number of a stream deleted and created again: without it, the new one was
+//! acknowledged as a duplicate of the old.) The consumer sequence, the delivery count
+//! and the reply subject change with every delivery, and the publish timestamp alone
+//! can repeat: none of them is a key. A message with neither (not delivered by
 //! a JetStream consumer) is [`MissingKey`]: dead-letter it.
 //!
 //! # Settling
@@ -70,7 +73,7 @@
 //! duplicate window drops) and never loses it. A copy no stream stores fails the settle
 //! and leaves the message unsettled, for JetStream to redeliver. The copy's `Nats-Msg-Id`
 //! names the stored message and the consumer that gave up on it
-//! (`<stream>#<sequence>#<consumer>`), never the producer's id, which is unique only
+//! (`<stream>#<sequence>@<published>#<consumer>`), never the producer's id, which is unique only
 //! within its own stream: two streams, or two consumers of one, dead-lettering messages
 //! with the same producer id into one dead-letter stream would otherwise see the second
 //! copy dropped as a duplicate, after terminating its original. The producer's id stays
@@ -135,6 +138,9 @@ pub const REASON_HEADER: &str = "Inbox-Dead-Letter-Reason";
 pub const STREAM_HEADER: &str = "Inbox-Stream";
 /// The header that carries a dead letter's sequence number in that stream.
 pub const SEQUENCE_HEADER: &str = "Inbox-Stream-Sequence";
+/// The header that carries when a dead letter was stored in that stream, in nanoseconds
+/// since the Unix epoch.
+pub const PUBLISHED_HEADER: &str = "Inbox-Stream-Published";
 /// The header that carries the consumer that dead-lettered the message.
 pub const CONSUMER_HEADER: &str = "Inbox-Consumer";
 /// The header that carries a dead letter's `Nats-Msg-Id` as its producer set it.
@@ -146,13 +152,17 @@ pub const ORIGINAL_ID_HEADER: &str = "Inbox-Original-Msg-Id";
 pub enum MessageKey<'a> {
     /// The producer's `Nats-Msg-Id`, stored as it is.
     MsgId(&'a str),
-    /// No `Nats-Msg-Id`: the message's place in its stream, stored as the tuple
-    /// `("nats-stream-sequence", stream, sequence)`.
+    /// No `Nats-Msg-Id`: the message's place in its stream and when it was stored
+    /// there, stored as the tuple `("nats-stream-sequence", stream, (sequence,
+    /// published))`. The time tells apart two messages at one sequence number of a
+    /// stream deleted and created again, whose sequences start again at 1.
     StreamSequence {
         /// The stream's name.
         stream: &'a str,
         /// The message's sequence number in the stream.
         sequence: u64,
+        /// When the stream stored it, in nanoseconds since the Unix epoch.
+        published: i64,
     },
 }
 
@@ -160,9 +170,11 @@ impl InboxKey for MessageKey<'_> {
     fn write_key(&self, out: &mut String) -> Result<(), InvalidKey> {
         match *self {
             Self::MsgId(id) => id.write_key(out),
-            Self::StreamSequence { stream, sequence } => {
-                ("nats-stream-sequence", stream, sequence).write_key(out)
-            }
+            Self::StreamSequence {
+                stream,
+                sequence,
+                published,
+            } => ("nats-stream-sequence", stream, (sequence, published)).write_key(out),
         }
     }
 }
@@ -171,15 +183,20 @@ impl fmt::Display for MessageKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::MsgId(id) => f.write_str(id),
-            Self::StreamSequence { stream, sequence } => write!(f, "{stream}#{sequence}"),
+            Self::StreamSequence {
+                stream,
+                sequence,
+                published,
+            } => write!(f, "{stream}#{sequence}@{published}"),
         }
     }
 }
 
-/// The inbox key of `message`: its `Nats-Msg-Id` header, else its stream sequence. A
-/// dead-letter copy that [`Settlement::settle`] published has its original's key (from
-/// [`ORIGINAL_ID_HEADER`], else [`STREAM_HEADER`] and [`SEQUENCE_HEADER`]), so that a
-/// consumer of the dead letters that sends them back keys them as the originals.
+/// The inbox key of `message`: its `Nats-Msg-Id` header, else its stream sequence and
+/// when the stream stored it. A dead-letter copy that [`Settlement::settle`] published
+/// has its original's key (from [`ORIGINAL_ID_HEADER`], else [`STREAM_HEADER`],
+/// [`SEQUENCE_HEADER`] and [`PUBLISHED_HEADER`]), so that a consumer of the dead letters
+/// that sends them back keys them as the originals.
 ///
 /// A message with neither (not delivered by a JetStream consumer) is [`MissingKey`]:
 /// dead-letter it.
@@ -188,8 +205,15 @@ pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
         return Ok(MessageKey::MsgId(id));
     }
     let sequence = header(message, SEQUENCE_HEADER).map(str::parse);
-    if let (Some(stream), Some(Ok(sequence))) = (header(message, STREAM_HEADER), sequence) {
-        return Ok(MessageKey::StreamSequence { stream, sequence });
+    let published = header(message, PUBLISHED_HEADER).map(str::parse);
+    if let (Some(stream), Some(Ok(sequence)), Some(Ok(published))) =
+        (header(message, STREAM_HEADER), sequence, published)
+    {
+        return Ok(MessageKey::StreamSequence {
+            stream,
+            sequence,
+            published,
+        });
     }
     if let Some(id) = header(message, NATS_MESSAGE_ID) {
         return Ok(MessageKey::MsgId(id));
@@ -198,11 +222,19 @@ pub fn message_key(message: &Message) -> Result<MessageKey<'_>, MissingKey> {
         Ok(info) => Ok(MessageKey::StreamSequence {
             stream: info.stream,
             sequence: info.stream_sequence,
+            published: published_nanos(&info),
         }),
         Err(_) => Err(MissingKey::new(
             "Nats-Msg-Id header, nor the stream sequence of a JetStream delivery",
         )),
     }
+}
+
+/// When `info`'s message was stored, in nanoseconds since the Unix epoch, within
+/// `i64`'s years (1677 to 2262).
+fn published_nanos(info: &async_nats::jetstream::message::Info<'_>) -> i64 {
+    let nanos = info.published.unix_timestamp_nanos();
+    i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// The value of `message`'s header `name`, unless it is missing or empty.
@@ -401,6 +433,7 @@ impl Settlement {
         headers.insert(REASON_HEADER, reason.as_str());
         if let Ok(info) = message.info() {
             let (stream, sequence) = (info.stream, info.stream_sequence);
+            let published = published_nanos(&info);
             // A dead letter dead-lettered again keeps its original's key (see
             // `message_key`), not the copy's.
             let a_copy =
@@ -408,14 +441,16 @@ impl Settlement {
             if !a_copy {
                 headers.insert(STREAM_HEADER, stream);
                 headers.insert(SEQUENCE_HEADER, sequence.to_string().as_str());
+                headers.insert(PUBLISHED_HEADER, published.to_string().as_str());
                 if let Some(original) = headers.get(NATS_MESSAGE_ID).cloned() {
                     headers.insert(ORIGINAL_ID_HEADER, original);
                 }
             }
             headers.insert(CONSUMER_HEADER, info.consumer);
             // One id per stored message and consumer: the dead-letter stream drops only
-            // the copy that a crash before `+TERM` makes this consumer publish again.
-            let copy = format!("{stream}#{sequence}#{}", info.consumer);
+            // the copy that a crash before `+TERM` makes this consumer publish again
+            // (the time, for a stream made again, whose sequences start again at 1).
+            let copy = format!("{stream}#{sequence}@{published}#{}", info.consumer);
             headers.insert(NATS_MESSAGE_ID, copy.as_str());
         }
         publish_confirmed(message, &self.dead_letter_subject, headers).await?;
