@@ -336,7 +336,8 @@ where
 /// has not reached yet while handlers of this version run against it.
 fn lacks_claim_columns(error: &Error) -> bool {
     matches!(error, Error::DatabaseError(_, info)
-        if info.message() == "no such column: lease_ends_at")
+        if info.message().starts_with("no such column:")
+            && info.message().ends_with("lease_ends_at"))
 }
 
 async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<()>
