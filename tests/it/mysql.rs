@@ -100,6 +100,7 @@ outbox_scenarios!(
         // parameters from the one to the other.
         "SET character_set_client = latin1",
         "SET collation_connection = utf8mb3_general_ci",
+        "SET character_set_connection = utf16",
     ],
 );
 batch_scenarios!(create, swallowed = "ROLLBACK");
@@ -123,6 +124,9 @@ key_scenarios!(
     keys_are_stored_as_encoded_with_a_latin1_connection => "SET character_set_connection = latin1",
     keys_are_stored_as_encoded_with_a_utf8mb3_connection => "SET collation_connection = utf8mb3_general_ci",
     keys_are_stored_as_encoded_from_a_latin1_client => "SET character_set_client = latin1",
+    // A connection in UTF-16: `UNHEX` of the hex digits converted into it read their
+    // zero bytes, and every lookup by key found nothing.
+    keys_are_stored_as_encoded_with_a_utf16_connection => "SET character_set_connection = utf16",
 );
 
 impl MysqlDb {
@@ -752,6 +756,7 @@ async fn claims_complete_whatever_the_connection_character_set() {
             "SET character_set_connection = latin1",
             "SET collation_connection = utf8mb3_general_ci",
             "SET character_set_client = latin1",
+            "SET character_set_connection = utf16",
         ];
         for (n, settings) in sessions.into_iter().enumerate() {
             let key = format!("claim-{n}-é-日本-😀");

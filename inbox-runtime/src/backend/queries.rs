@@ -124,7 +124,13 @@ where
     ) -> QueryResult<()> {
         use diesel::sql_types::Text;
 
-        let (open, close) = if self.hex { ("UNHEX(", ")") } else { ("", "") };
+        // As MySQL's `bytes_of_placeholder!`: the digits taken as ASCII, whatever the
+        // session's connection character set.
+        let (open, close) = if self.hex {
+            ("UNHEX(CONVERT(", " USING ascii))")
+        } else {
+            ("", "")
+        };
         out.push_sql("INSERT INTO inbox (message_id, consumer) VALUES ");
         for (n, message_id) in self.message_ids.iter().enumerate() {
             out.push_sql(if n == 0 { "(" } else { ", (" });

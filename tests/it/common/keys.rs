@@ -176,7 +176,15 @@ async fn assert_stored<C>(conn: &mut C, storage: &Storage, consumer: &str, keys:
 where
     C: diesel_inbox::testing::TestConnection,
 {
-    let count = format!("SELECT COUNT(*) FROM inbox WHERE consumer = '{consumer}'");
+    // The consumer compared as hex digits, as the keys are: a text literal would be
+    // read in the session's connection character set, which a binary column does not
+    // share (MySQL's UTF-16 connection).
+    let of_consumer = format!(
+        "{} = '{}'",
+        storage.stored_hex.replace("message_id", "consumer"),
+        (storage.expected_hex)(consumer)
+    );
+    let count = format!("SELECT COUNT(*) FROM inbox WHERE {of_consumer}");
     assert_eq!(
         select_i64(conn, &count).await.unwrap(),
         keys.len() as i64,
@@ -184,7 +192,7 @@ where
     );
     for key in keys {
         let exact = format!(
-            "SELECT COUNT(*) FROM inbox WHERE consumer = '{consumer}' AND {} = '{}'",
+            "SELECT COUNT(*) FROM inbox WHERE {of_consumer} AND {} = '{}'",
             storage.stored_hex,
             (storage.expected_hex)(key)
         );

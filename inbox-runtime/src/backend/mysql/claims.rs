@@ -23,7 +23,7 @@ const STALE: &str =
     "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= UTC_TIMESTAMP(6))";
 
 // The claim a conditional update is about, by the four placeholders after its `SET`.
-use super::markers::{BY_KEY, bind_key};
+use super::markers::{BY_KEY, bind_key, bytes_of_placeholder};
 
 /// A conditional update of the claim [`BY_KEY`] names, still held by `token` where given;
 /// whether it updated the row.
@@ -31,14 +31,20 @@ macro_rules! update_claim_by_key {
     ($conn:expr, $sql:expr, $key:expr $(, $token:expr)?) => {{
         let query = Prepared(
             bind_key!(diesel::sql_query($sql), $key.message_id, $key.consumer)
-                $(.bind::<Text, _>($token))?
+                $(.bind::<Text, _>(hex_digits(&$token)))?
         );
         query.execute($conn).await.map(|updated| updated == 1)
     }};
 }
 
-/// Still held by the token in the next placeholder, even past its lease.
-const HELD: &str = "claim_token = ? AND lease_ends_at IS NOT NULL";
+/// Still held by the token in the next placeholder (as [`hex_digits`], as keys are:
+/// a text parameter is converted into the session's connection character set, which a
+/// binary column compares byte for byte), even past its lease.
+const HELD: &str = concat!(
+    "claim_token = ",
+    bytes_of_placeholder!(),
+    " AND lease_ends_at IS NOT NULL"
+);
 
 /// A completed claim: a marker like a transactional handler's.
 const COMPLETED: &str = "lease_ends_at = NULL, processed_at = UTC_TIMESTAMP(6)";
@@ -127,11 +133,12 @@ impl ClaimStatements for Mysql {
         let taken = Prepared(
             bind_key!(
                 diesel::sql_query(format!(
-                    "UPDATE inbox SET claim_token = ?, \
+                    "UPDATE inbox SET claim_token = {token}, \
              lease_ends_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
-             {BY_KEY} AND attempts = ? AND {STALE}"
+             {BY_KEY} AND attempts = ? AND {STALE}",
+                    token = bytes_of_placeholder!()
                 ))
-                .bind::<Text, _>(claim.token)
+                .bind::<Text, _>(hex_digits(&claim.token))
                 .bind::<BigInt, _>(claim.lease_micros),
                 claim.key.message_id,
                 claim.key.consumer
@@ -168,7 +175,7 @@ impl ClaimStatements for Mysql {
                 claim.key.message_id,
                 claim.key.consumer
             )
-            .bind::<Text, _>(claim.token),
+            .bind::<Text, _>(hex_digits(&claim.token)),
         )
         .execute(&mut *conn)
         .await;

@@ -24,10 +24,13 @@ use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
 use crate::schema::INDEX_NAME;
 
-/// A placeholder for text bound as [`hex_digits`]: the text's bytes.
+/// A placeholder for text bound as [`hex_digits`]: the text's bytes. The digits are
+/// taken as ASCII first: the server converts a text parameter into the session's
+/// `character_set_connection`, and in UTF-16, UCS-2 or UTF-32 `UNHEX` reads the digits'
+/// zero bytes and answers NULL (every lookup by key then found nothing).
 macro_rules! bytes_of_placeholder {
     () => {
-        "UNHEX(?)"
+        "UNHEX(CONVERT(? USING ascii))"
     };
 }
 pub(super) use bytes_of_placeholder;
@@ -37,11 +40,11 @@ pub(super) use bytes_of_placeholder;
 macro_rules! digest_of_placeholders {
     () => {
         concat!(
-            "UNHEX(LEFT(SHA2(CONCAT(",
+            "UNHEX(LEFT(CONVERT(SHA2(CONCAT(",
             bytes_of_placeholder!(),
             ", 0x00, ",
             bytes_of_placeholder!(),
-            "), 256), 32))"
+            "), 256) USING ascii), 32))"
         )
     };
 }

@@ -9,6 +9,7 @@ use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
+use super::markers::bytes_of_placeholder;
 use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
 };
@@ -73,9 +74,10 @@ impl OutboxStatements for Mysql {
         ))
         .await?;
         let LastSeq { last_seq } = Prepared(
-            diesel::sql_query(
-                "SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = UNHEX(?)",
-            )
+            diesel::sql_query(concat!(
+                "SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = ",
+                bytes_of_placeholder!()
+            ))
             .bind::<Text, _>(key),
         )
         .get_result(conn)
@@ -96,11 +98,23 @@ impl OutboxStatements for Mysql {
                 // and would store other bytes (see `markers.rs`). Under MariaDB's
                 // `sql_mode = EMPTY_STRING_IS_NULL` an empty parameter arrives as
                 // NULL: these three may be empty, and never are NULL.
-                "INSERT INTO inbox_outbox (message_id, destination, routing_key, ordering_key, \
-                 ordering_seq, headers, payload, enqueued_at, due_at) \
-                 VALUES (UNHEX(?), UNHEX(?), COALESCE(UNHEX(?), X''), UNHEX(?), ?, \
-                 COALESCE(UNHEX(?), X''), COALESCE(UNHEX(?), X''), \
-                 UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+                concat!(
+                    "INSERT INTO inbox_outbox (message_id, destination, routing_key, \
+                     ordering_key, ordering_seq, headers, payload, enqueued_at, due_at) \
+                     VALUES (",
+                    bytes_of_placeholder!(),
+                    ", ",
+                    bytes_of_placeholder!(),
+                    ", COALESCE(",
+                    bytes_of_placeholder!(),
+                    ", X''), ",
+                    bytes_of_placeholder!(),
+                    ", ?, COALESCE(",
+                    bytes_of_placeholder!(),
+                    ", X''), COALESCE(",
+                    bytes_of_placeholder!(),
+                    ", X''), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+                ),
             )
             .bind::<Text, _>(hex_digits(message.message_id))
             .bind::<Text, _>(hex_digits(message.destination))
@@ -153,16 +167,19 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = "UPDATE inbox_outbox SET relay_token = NULL, \
-                   due_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ? \
-                   WHERE id = ? AND relay_token = ? AND sent_at IS NULL";
+        let sql = concat!(
+            "UPDATE inbox_outbox SET relay_token = NULL, \
+             due_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ? \
+             WHERE id = ? AND sent_at IS NULL AND relay_token = ",
+            bytes_of_placeholder!()
+        );
         begin(conn).await?;
         let updated = Prepared(
             diesel::sql_query(sql)
                 .bind::<BigInt, _>(delay_micros)
                 .bind::<Text, _>(error)
                 .bind::<BigInt, _>(id)
-                .bind::<Text, _>(token),
+                .bind::<Text, _>(hex_digits(&token)),
         )
         .execute(conn)
         .await;
@@ -173,14 +190,17 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = "UPDATE inbox_outbox SET relay_token = NULL, parked = TRUE, last_error = ? \
-                   WHERE id = ? AND relay_token = ? AND sent_at IS NULL";
+        let sql = concat!(
+            "UPDATE inbox_outbox SET relay_token = NULL, parked = TRUE, last_error = ? \
+             WHERE id = ? AND sent_at IS NULL AND relay_token = ",
+            bytes_of_placeholder!()
+        );
         begin(conn).await?;
         let updated = Prepared(
             diesel::sql_query(sql)
                 .bind::<Text, _>(reason)
                 .bind::<BigInt, _>(id)
-                .bind::<Text, _>(token),
+                .bind::<Text, _>(hex_digits(&token)),
         )
         .execute(conn)
         .await;
@@ -286,19 +306,21 @@ where
     // its take reached this node without ending this one. Only what this update took
     // is this relay's.
     diesel::sql_query(format!(
-        "UPDATE inbox_outbox SET relay_token = ?, \
+        "UPDATE inbox_outbox SET relay_token = {token_bytes}, \
          due_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 \
-         WHERE id IN ({ids}) AND sent_at IS NULL AND NOT parked AND due_at <= UTC_TIMESTAMP(6)"
+         WHERE id IN ({ids}) AND sent_at IS NULL AND NOT parked AND due_at <= UTC_TIMESTAMP(6)",
+        token_bytes = bytes_of_placeholder!()
     ))
-    .bind::<Text, _>(token.clone())
+    .bind::<Text, _>(hex_digits(&token))
     .bind::<BigInt, _>(lease_micros)
     .execute(conn)
     .await?;
     diesel::sql_query(format!(
-        "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox WHERE id IN ({ids}) AND relay_token = ? \
-         ORDER BY id"
+        "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox WHERE id IN ({ids}) \
+         AND relay_token = {token_bytes} ORDER BY id",
+        token_bytes = bytes_of_placeholder!()
     ))
-    .bind::<Text, _>(token)
+    .bind::<Text, _>(hex_digits(&token))
     .load(conn)
     .await
 }
@@ -370,7 +392,9 @@ async fn delete_idle_keys_in_transaction<C>(
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let placeholders = vec!["?"; ordering_keys.len()].join(", ");
+    // The keys as hex digits, as everywhere: a binary parameter is converted into the
+    // session's connection character set too.
+    let placeholders = vec![bytes_of_placeholder!(); ordering_keys.len()].join(", ");
     // Locked first, in key order, skipping a key a transaction is enqueuing under: the
     // delete then neither waits for a handler nor deadlocks with another pruner.
     let mut locking = diesel::sql_query(format!(
@@ -379,7 +403,7 @@ where
     ))
     .into_boxed();
     for key in &ordering_keys {
-        locking = locking.bind::<diesel::sql_types::Binary, _>(key.clone());
+        locking = locking.bind::<Text, _>(hex_digits(key));
     }
     let locked: Vec<DeletedKey> = locking.load(conn).await?;
     let locked: Vec<Vec<u8>> = locked
@@ -389,7 +413,7 @@ where
     if locked.is_empty() {
         return Ok(0);
     }
-    let placeholders = vec!["?"; locked.len()].join(", ");
+    let placeholders = vec![bytes_of_placeholder!(); locked.len()].join(", ");
     let mut deleting = diesel::sql_query(format!(
         "DELETE FROM inbox_outbox_keys WHERE ordering_key IN ({placeholders}) \
          AND NOT EXISTS (SELECT 1 FROM inbox_outbox o WHERE \
@@ -397,7 +421,7 @@ where
     ))
     .into_boxed();
     for key in locked {
-        deleting = deleting.bind::<diesel::sql_types::Binary, _>(key);
+        deleting = deleting.bind::<Text, _>(hex_digits(key));
     }
     deleting.execute(conn).await
 }
