@@ -1389,3 +1389,34 @@ async fn migrate_with_nothing_to_do_needs_no_ddl_rights() {
     .await;
     db.cleanup().await;
 }
+
+/// `migrate`, `outbox::migrate` and `upgrade_unique_index` refuse a connection inside a
+/// transaction, a test transaction's included: MySQL commits the open transaction
+/// before each schema change, so a test's writes ended unseen, with `Ok`, and the
+/// handlers after it committed their markers for real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_changes_refuse_a_connection_in_a_transaction() {
+    let Some(db) = create("schema_changes_in_a_transaction").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.begin_test_transaction()
+            .await
+            .expect("a test transaction");
+        assert_eq!(
+            diesel_inbox::migrate(&mut conn).await,
+            Err(Error::AlreadyInTransaction)
+        );
+        assert_eq!(
+            diesel_inbox::outbox::migrate(&mut conn).await,
+            Err(Error::AlreadyInTransaction)
+        );
+        assert_eq!(
+            diesel_inbox::upgrade_unique_index(&mut conn).await,
+            Err(Error::AlreadyInTransaction)
+        );
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -19,6 +19,23 @@ const LOCK_ATTEMPTS: u32 = 30;
 /// The named lock that lets one upgrade run at a time on a server.
 const UPGRADE_LOCK: &str = "diesel_inbox_upgrade";
 
+/// Refuses a connection inside a transaction, a test transaction's included: MySQL
+/// commits the open transaction before each schema change, so the caller's (the test's
+/// business writes and markers) would end unseen, and a handler's after it commit for
+/// real.
+pub(super) fn outside_any_transaction<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    use diesel_async::TransactionManager as _;
+
+    let status = C::TransactionManager::transaction_manager_status_mut(conn);
+    match status.transaction_depth()? {
+        Some(_) => Err(Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
+}
+
 /// `statement`, which waits for the inbox's metadata lock while statements on the
 /// inbox queue behind it: under a one-second `lock_wait_timeout`, tried again after a
 /// pause that lets the queue drain. The connection reads as broken until the session's

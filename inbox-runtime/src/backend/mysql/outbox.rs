@@ -39,6 +39,7 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
+        super::ddl::outside_any_transaction(conn)?;
         // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race, and the indexes are
         // part of it: MySQL has no CREATE INDEX IF NOT EXISTS. Sent only where a table
         // is missing, since it needs the right to create even where they are there.

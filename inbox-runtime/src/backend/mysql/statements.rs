@@ -312,6 +312,7 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
+        super::ddl::outside_any_transaction(conn)?;
         // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race; sent only where the
         // table is missing, since it needs the right to create even where the table is
         // there, which an application's user may lack.

@@ -77,6 +77,7 @@ pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUp
 where
     C: AsyncConnection<Backend = Mysql>,
 {
+    ddl::outside_any_transaction(conn)?;
     migrate_key_digest(conn).await?;
     if digest_state(conn).await?.index {
         return Ok(IndexUpgrade::Current);
