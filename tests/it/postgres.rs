@@ -823,3 +823,45 @@ async fn a_claim_given_up_before_its_body_is_released() {
     .await;
     db.cleanup().await;
 }
+
+/// A claim-mode handler that, when told to, waits in its body for good.
+#[idempotent(consumer = "claim-in-a-test", key = key, claim,
+    lease = Duration::from_millis(200))]
+async fn claimed_in_a_test(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    hold: bool,
+) -> Result<(), Error> {
+    let _ = conn;
+    if hold {
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+/// Inside a test transaction a claim's lease ends as it does outside: each claim
+/// statement reads the statement's time, where `now()`, the test transaction's start,
+/// stood still and the claim of a delivery cut short stayed `InProgress` for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claims_lease_ends_inside_a_test_transaction() {
+    let Some(db) = create("claim_lease_in_a_test").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.begin_test_transaction()
+            .await
+            .expect("a test transaction");
+        let cut_short = tokio::time::timeout(
+            Duration::from_millis(50),
+            claimed_in_a_test(&mut conn, "m-1", true),
+        )
+        .await;
+        assert!(cut_short.is_err(), "the body holds");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let redelivered = claimed_in_a_test(&mut conn, "m-1", false).await;
+        assert_eq!(redelivered, Ok(Outcome::Processed(())));
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -1,5 +1,7 @@
-//! Claim mode on PostgreSQL: `now()` is the statement's transaction start, and every
-//! statement here is a transaction of its own.
+//! Claim mode on PostgreSQL: every statement here is a transaction of its own, and
+//! its time is `statement_timestamp()`, the statement's start. (`now()`, the
+//! transaction's start, is the same there, but stood still inside a test transaction:
+//! a lease never ended in a test.)
 
 use diesel::QueryResult;
 use diesel::pg::Pg;
@@ -28,16 +30,16 @@ macro_rules! update_claim_by_bytes {
 }
 
 /// A claim nobody holds: not completed, and released or past its lease.
-const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= now())";
+const STALE: &str = "lease_ends_at IS NOT NULL AND (claim_token IS NULL OR lease_ends_at <= pg_catalog.statement_timestamp())";
 
 /// Still held by the token `$3`, even past its lease.
 const HELD: &str = "claim_token = $3 AND lease_ends_at IS NOT NULL";
 
 /// A completed claim: a marker like a transactional handler's.
-const COMPLETED: &str = "lease_ends_at = NULL, processed_at = now()";
+const COMPLETED: &str = "lease_ends_at = NULL, processed_at = pg_catalog.statement_timestamp()";
 
 /// A released claim: nobody holds it, and it may be taken over at once.
-const RELEASED: &str = "claim_token = NULL, lease_ends_at = now()";
+const RELEASED: &str = "claim_token = NULL, lease_ends_at = pg_catalog.statement_timestamp()";
 
 impl ClaimStatements for Pg {
     async fn insert_claim<C>(conn: &mut C, claim: NewClaim) -> QueryResult<bool>
@@ -49,7 +51,7 @@ impl ClaimStatements for Pg {
         let (message_id, consumer) = (claim.key.message_id.clone(), claim.key.consumer.clone());
         let inserted = Prepared(diesel::sql_query(
             "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token, attempts, \
-             fingerprint) VALUES (pg_catalog.convert_from($1, 'UTF8'), pg_catalog.convert_from($2, 'UTF8'), now() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
+             fingerprint) VALUES (pg_catalog.convert_from($1, 'UTF8'), pg_catalog.convert_from($2, 'UTF8'), pg_catalog.statement_timestamp() + $3 * INTERVAL '1 microsecond', $4, 1, $5) \
              ON CONFLICT DO NOTHING",
         )
         .bind::<Bytea, _>(claim.key.message_id.into_bytes())
@@ -74,9 +76,9 @@ impl ClaimStatements for Pg {
         let rows = Prepared(
             diesel::sql_query(format!(
                 "SELECT lease_ends_at IS NULL AS completed, \
-             COALESCE(claim_token IS NOT NULL AND lease_ends_at > now(), false) AS live, \
+             COALESCE(claim_token IS NOT NULL AND lease_ends_at > pg_catalog.statement_timestamp(), false) AS live, \
              lease_ends_at IS NOT NULL AND claim_token IS NULL AS released, \
-             CAST(EXTRACT(EPOCH FROM lease_ends_at - now()) * 1000000 AS bigint) \
+             CAST(EXTRACT(EPOCH FROM lease_ends_at - pg_catalog.statement_timestamp()) * 1000000 AS bigint) \
              AS lease_remaining_micros, attempts, fingerprint \
              FROM inbox {BY_KEY}"
             ))
@@ -97,7 +99,7 @@ impl ClaimStatements for Pg {
         let taken = Prepared(
             diesel::sql_query(format!(
                 "UPDATE inbox SET claim_token = $3, \
-             lease_ends_at = now() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
+             lease_ends_at = pg_catalog.statement_timestamp() + $4 * INTERVAL '1 microsecond', attempts = attempts + 1 \
              {BY_KEY} AND attempts = $5 AND {STALE}"
             ))
             .bind::<Bytea, _>(claim.key.message_id.into_bytes())
@@ -125,7 +127,7 @@ impl ClaimStatements for Pg {
     {
         let renewed = Prepared(
             diesel::sql_query(format!(
-                "UPDATE inbox SET lease_ends_at = now() + $4 * INTERVAL '1 microsecond' \
+                "UPDATE inbox SET lease_ends_at = pg_catalog.statement_timestamp() + $4 * INTERVAL '1 microsecond' \
              {BY_KEY} AND {HELD}"
             ))
             .bind::<Bytea, _>(claim.key.message_id.into_bytes())
@@ -152,8 +154,8 @@ impl ClaimStatements for Pg {
     {
         Prepared(diesel::sql_query(format!(
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
-             CAST(EXTRACT(EPOCH FROM now() - processed_at) * 1000000 AS bigint) AS age_micros, \
-             CAST(EXTRACT(EPOCH FROM now() - lease_ends_at) * 1000000 AS bigint) AS idle_micros \
+             CAST(EXTRACT(EPOCH FROM pg_catalog.statement_timestamp() - processed_at) * 1000000 AS bigint) AS age_micros, \
+             CAST(EXTRACT(EPOCH FROM pg_catalog.statement_timestamp() - lease_ends_at) * 1000000 AS bigint) AS idle_micros \
              FROM inbox WHERE {STALE} ORDER BY id"
         )))
         .load(conn)
