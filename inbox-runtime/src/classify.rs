@@ -114,6 +114,52 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
     }
 }
 
+/// The class of an error known by its text alone, `None` where the text says nothing
+/// retryable: what is left where a wrapper hid the diesel error from `source()`
+/// (`#[error(transparent)]`, an anyhow or eyre error boxed). The server's words
+/// ([`classify_message`]), and those with which the drivers, the pools, diesel and
+/// this crate report what another connection, or a later delivery, gets past. A lost
+/// connection reaches the handler in the driver's words, not the server's: dead-lettered
+/// on those, a two-second outage sent nearly every message in flight to the dead
+/// letters.
+pub(crate) fn classify_text(text: &str) -> Option<ErrorClass> {
+    /// Openings of the texts of errors that leave the connection unusable.
+    const CONNECTION_UNUSABLE: &[&str] = &[
+        // diesel's `BrokenTransactionManager` and `AlreadyInTransaction`.
+        "The transaction manager is broken",
+        "Cannot perform this operation while a transaction is open",
+        // tokio-postgres (through diesel-async): the connection closed, or failed.
+        "connection closed",
+        "error communicating with the server",
+        "error connecting to server",
+    ];
+    /// Openings of the texts of errors that a later attempt gets past.
+    const TRANSIENT: &[&str] = &[
+        // The server refusing a connection for now.
+        "sorry, too many clients already",
+        "Too many connections",
+        // deadpool's and bb8's time-outs waiting for, creating or recycling one.
+        "Timeout occurred while ",
+        "Timed out in bb8",
+    ];
+    if let Some(class) = classify_message(text) {
+        return Some(class);
+    }
+    if CONNECTION_UNUSABLE
+        .iter()
+        .any(|opening| text.starts_with(opening))
+        || crate::error::leaves_connection_unusable(text)
+    {
+        Some(ErrorClass::ConnectionUnusable)
+    } else if TRANSIENT.iter().any(|opening| text.starts_with(opening))
+        || crate::error::is_transient(text)
+    {
+        Some(ErrorClass::Transient)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use diesel::result::DatabaseErrorInformation;
@@ -486,5 +532,80 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 60, "only {checked} translations found in {path}");
+    }
+
+    /// What a wrapper that hides the diesel error leaves: the text. Each of the crate's
+    /// own retryable errors, diesel's, the drivers' and the pools' is known by it, and a
+    /// business error's is not.
+    #[test]
+    fn texts_alone_say_what_a_retry_gets_past() {
+        use crate::error::ClaimError;
+
+        let text = |error: Error| error.to_string();
+        for transient in [
+            ClaimError::Lost { attempt: 3 },
+            ClaimError::LeaseUsedUp { attempt: 1 },
+            ClaimError::Unfinished,
+        ] {
+            let said = text(transient.into());
+            assert_eq!(classify_text(&said), Some(ErrorClass::Transient), "{said}");
+        }
+        let left_open = text(ClaimError::TransactionLeftOpen { attempt: 2 }.into());
+        assert_eq!(
+            classify_text(&left_open),
+            Some(ErrorClass::ConnectionUnusable),
+            "{left_open}"
+        );
+        #[cfg_attr(
+            not(any(feature = "postgres", feature = "mysql")),
+            expect(unused_mut, reason = "only the digest's backends meet a pruned marker")
+        )]
+        let mut own = vec![text(crate::backend::rolled_back_underneath())];
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        own.push(text(crate::backend::met_another_marker("m-1", "c", None)));
+        for said in own {
+            assert_eq!(classify_text(&said), Some(ErrorClass::Transient), "{said}");
+        }
+        for (said, class) in [
+            (
+                text(Error::BrokenTransactionManager),
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                text(Error::AlreadyInTransaction),
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "connection closed".to_owned(),
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "error communicating with the server: Connection reset by peer".to_owned(),
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "error connecting to server: Connection refused".to_owned(),
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "sorry, too many clients already".to_owned(),
+                ErrorClass::Transient,
+            ),
+            ("Too many connections".to_owned(), ErrorClass::Transient),
+            (
+                "Timeout occurred while waiting for a slot to become available".to_owned(),
+                ErrorClass::Transient,
+            ),
+            ("Timed out in bb8".to_owned(), ErrorClass::Transient),
+        ] {
+            assert_eq!(classify_text(&said), Some(class), "{said}");
+        }
+        for business in [
+            "new row for relation \"accounts\" violates check constraint \"positive\"",
+            "attempt to debit a closed account",
+            "the order was cancelled",
+        ] {
+            assert_eq!(classify_text(business), None, "{business}");
+        }
     }
 }

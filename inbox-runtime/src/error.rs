@@ -274,6 +274,35 @@ impl ClaimError {
     }
 }
 
+/// Whether `text` is one of this crate's errors that a later delivery gets past, known
+/// by its words alone (see [`classify_text`](crate::classify::classify_text)): the
+/// transient [`ClaimError`]s, and the database errors the crate reports for a
+/// transaction rolled back underneath the body, a marker pruned while it was compared,
+/// and a COMMIT whose outcome was not confirmed. Tests hold each text to these words.
+pub(crate) fn is_transient(text: &str) -> bool {
+    const OPENINGS: &[&str] = &[
+        "the handler's transaction was rolled back by the database before it could commit",
+        "the marker this message's insert met was deleted (pruned)",
+        "the handler's COMMIT went through, but the statement after it failed",
+        "the message's marker is a claim that a claim-mode handler of this consumer has not \
+         completed",
+    ];
+    const WITHIN: &[&str] = &[
+        // `ClaimError::Lost` and `LeaseUsedUp`, after "attempt {n}".
+        " finished its body after its claim's lease ended, and the claim had been taken over",
+        "'s claim took so long to commit that too little of its lease was left",
+    ];
+    OPENINGS.iter().any(|opening| text.starts_with(opening))
+        || (text.starts_with("attempt ") && WITHIN.iter().any(|words| text.contains(words)))
+}
+
+/// Whether `text` is one of this crate's errors that leave the connection unusable,
+/// known by its words alone: [`ClaimError::TransactionLeftOpen`].
+pub(crate) fn leaves_connection_unusable(text: &str) -> bool {
+    text.starts_with("attempt ")
+        && text.contains("'s body returned with its connection still inside a transaction")
+}
+
 impl fmt::Display for ClaimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use diesel::result::{ConnectionError, Error};
 
-use crate::classify::{ErrorClass, classify, classify_message};
+use crate::classify::{ErrorClass, classify, classify_text};
 
 /// What an error means for the delivery that failed with it: whether the message is
 /// retried, and after how long. [`Disposition::of`](crate::Disposition::of),
@@ -206,7 +206,7 @@ fn verdict_of(error: &(dyn StdError + 'static)) -> Verdict {
     // A text can say "retry", never "duplicate": acknowledging on a text could lose a
     // message whose own error merely quotes the inbox's index.
     chain(error)
-        .find_map(|link| classify_message(&link.to_string()))
+        .find_map(|link| classify_text(&link.to_string()))
         .filter(|class| class.is_retryable())
         .unwrap_or(ErrorClass::Permanent)
         .into()

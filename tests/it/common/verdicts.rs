@@ -13,6 +13,7 @@ use diesel_async::SimpleAsyncConnection as _;
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, PoolError, PoolableConnection,
 };
+use diesel_inbox::testing::select_i64;
 use diesel_inbox::{
     BatchOutcome, Classified, Classify, Disposition, ErrorClass, InboxBackend, Outcome,
     RetryPolicy, class_of, classify, idempotent, retry,
@@ -58,6 +59,8 @@ fn again(error: &Error) -> Error {
         Error::DatabaseError(kind, info) => {
             Error::DatabaseError(*kind, Box::new(info.message().to_owned()))
         }
+        Error::BrokenTransactionManager => Error::BrokenTransactionManager,
+        Error::AlreadyInTransaction => Error::AlreadyInTransaction,
         other => panic!("expected a database error, got {other:?}"),
     }
 }
@@ -122,6 +125,11 @@ async fn assert_retried_in_every_shape(database: &Error) {
         anyhow::Error::from(TransparentRepoError::from(error()))
     })
     .await;
+    // anyhow's box holds its error where `downcast_ref` cannot see it: text alone.
+    assert_retried("anyhow boxed", || {
+        BoxError::from(anyhow::Error::from(error()))
+    })
+    .await;
     assert_retried("io::Error::other", || std::io::Error::other(error())).await;
     assert_retried("boxed io::Error::other of transparent", || {
         BoxError::from(std::io::Error::other(TransparentRepoError::from(error())))
@@ -164,6 +172,39 @@ pub async fn wrapped_database_errors_are_retried<D: TestDb>(db: D, settings: &st
     assert!(runs.into_inner() >= 2, "the first run was cut short");
     assert!(holder.await.unwrap().is_err(), "the holder rolled back");
     assert_eq!(balances(&db, 1).await, vec![1]);
+}
+
+/// A connection the server ended under a handler (`own_id` reads the session's id, and
+/// `kill` ends the session of `{id}`): the handler's error, and the next one's on that
+/// connection, are retried in every way a handler's code carries them. They reach the
+/// handler in the driver's and diesel's words, not the server's ("connection closed",
+/// "The transaction manager is broken"), which a wrapper that hides the diesel error
+/// left to be judged by: dead-lettered, every message in flight during an outage.
+pub async fn a_lost_connection_is_retried_in_every_shape<D: TestDb>(
+    db: D,
+    own_id: &str,
+    kill: &str,
+) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    let id = select_i64(&mut conn, own_id)
+        .await
+        .expect("the session's id");
+    let mut admin = db.connect().await;
+    admin
+        .batch_execute(&kill.replace("{id}", &id.to_string()))
+        .await
+        .expect("end the session");
+    let mut errors = Vec::new();
+    for n in 0..2 {
+        let lost = credit(&mut conn, &Credit::numbered(n))
+            .await
+            .expect_err("the session is gone");
+        assert_eq!(classify(&lost), ErrorClass::ConnectionUnusable, "{lost}");
+        assert_retried_in_every_shape(&lost).await;
+        errors.push(lost.to_string());
+    }
+    assert_eq!(balances(&db, 1).await, vec![0], "{errors:?}");
 }
 
 /// A server that is read-only for now (`settings` makes the session so) refuses the

@@ -643,7 +643,20 @@ fn inbox_index_is_there() -> String {
 
 #[cfg(test)]
 mod tests {
+    use diesel::result::Error;
+
     use crate::backend::savepoint::{lost_marker, savepoint};
+
+    /// Its text alone says to retry, where a wrapper hides the diesel error.
+    #[test]
+    fn an_unconfirmed_commit_is_retried_by_its_text_too() {
+        let said = super::commit_unconfirmed(&Error::NotFound).to_string();
+        assert_eq!(
+            crate::classify::classify_text(&said),
+            Some(crate::ErrorClass::Transient),
+            "{said}"
+        );
+    }
 
     /// A missing prepared statement is told by the name its error quotes, so that
     /// name and the texts of the other errors hold none of each other.
