@@ -39,7 +39,10 @@ impl Interrupting {
         self.at.as_ref().is_some_and(|(key, _)| {
             statement.starts_with("INSERT INTO inbox")
                 && statement.contains(&format!("\"{}\"", common::keys::utf8_hex(key)))
-                && statement.matches("(UNHEX(?), UNHEX(?))").count() == 1
+                && statement
+                    .matches("(UNHEX(CONVERT(? USING ascii)), UNHEX(CONVERT(? USING ascii)))")
+                    .count()
+                    == 1
         })
     }
 }
