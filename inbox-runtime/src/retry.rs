@@ -24,6 +24,9 @@ pub struct RetryPolicy {
     /// Also the longest wait an error's own `retry_after` gets here: a longer one is left
     /// to the broker.
     max_delay: Duration,
+    /// The most all the waits may add up to, an error's own `retry_after` included
+    /// (which the backoff's own total does not count).
+    max_total_delay: Option<Duration>,
 }
 
 impl RetryPolicy {
@@ -38,6 +41,7 @@ impl RetryPolicy {
                 .with_max_times(4)
                 .with_jitter(),
             max_delay: MAX_DELAY,
+            max_total_delay: None,
         }
     }
 
@@ -64,14 +68,17 @@ impl RetryPolicy {
         Self {
             backoff: self.backoff.with_max_delay(delay),
             max_delay: delay,
+            ..self
         }
     }
 
-    /// Stops retrying once the delays slept add up to `total`: a deadline for the
-    /// waiting, whatever the count.
+    /// Stops retrying where the next wait would make the waits add up to more than
+    /// `total`: a deadline for the waiting, whatever the count, and whatever an error's
+    /// own [`retry_after`](crate::Classify::retry_after) asks.
     pub const fn with_max_total_delay(self, total: Duration) -> Self {
         Self {
             backoff: self.backoff.with_total_delay(Some(total)),
+            max_total_delay: Some(total),
             ..self
         }
     }
@@ -138,6 +145,7 @@ where
 {
     let mut delays = policy.backoff.build();
     let mut run = 1_u32;
+    let mut slept = Duration::ZERO;
     loop {
         let error = match attempt().await {
             Err(error) if error.class().is_retryable() => error,
@@ -148,6 +156,10 @@ where
             return Err(error);
         };
         let delay = backoff.max(asked);
+        slept = slept.saturating_add(delay);
+        if policy.max_total_delay.is_some_and(|total| slept > total) {
+            return Err(error);
+        }
         tracing::warn!(
             target: "diesel_inbox",
             { inbox.attempt = run, inbox.retry_in_ms = delay.as_millis() as u64, error = %error },
@@ -155,5 +167,33 @@ where
         );
         tokio::time::sleep(delay).await;
         run += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::Classified;
+
+    /// The total bounds the waits an error asks for too: 60 ms asked each time, within
+    /// 100 ms in all, is one wait, not as many as the backoff's own short delays allow.
+    #[tokio::test]
+    async fn the_total_delay_counts_what_errors_ask_for() {
+        let policy = RetryPolicy::new()
+            .with_max_retries(20)
+            .with_max_total_delay(Duration::from_millis(100));
+        let runs = AtomicU32::new(0);
+        let result: Result<(), Classified> = retry(&policy, || async {
+            runs.fetch_add(1, Ordering::Relaxed);
+            Err(Classified::retry_after(
+                "the provider asks for a pause",
+                Duration::from_millis(60),
+            ))
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(runs.into_inner(), 2);
     }
 }
