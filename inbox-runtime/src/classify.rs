@@ -106,6 +106,7 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
         || mysql::is_transient(message)
         || sqlite::is_transient(message)
         || postgres::lacks_key_digest(message)
+        || postgres::lacks_claim_columns(message)
         || mysql::lacks_key_digest(message)
     {
         Some(ErrorClass::Transient)
@@ -597,6 +598,11 @@ mod tests {
                 ErrorClass::Transient,
             ),
             ("Timed out in bb8".to_owned(), ErrorClass::Transient),
+            // PostgreSQL on an inbox of 0.1 that `migrate` has not reached yet.
+            (
+                "column \"lease_ends_at\" does not exist".to_owned(),
+                ErrorClass::Transient,
+            ),
         ] {
             assert_eq!(classify_text(&said), Some(class), "{said}");
         }

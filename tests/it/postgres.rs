@@ -586,7 +586,7 @@ async fn statements_stay_prepared() {
         for statement in [
             "INSERT INTO inbox (message_id, consumer, lease_ends_at",
             "UPDATE inbox SET lease_ends_at = NULL",
-            "SELECT (SELECT pg_catalog.jsonb_extract_path_text(pg_catalog.to_jsonb(inbox)",
+            "SELECT (SELECT lease_ends_at IS NULL FROM inbox",
             "INSERT INTO inbox (message_id, consumer) SELECT pg_catalog.convert_from($1",
             "FROM pg_catalog.unnest($2",
         ] {

@@ -56,6 +56,13 @@ pub(crate) fn lacks_key_digest(message: &str) -> bool {
     message.contains("inbox_key_digest(")
 }
 
+/// A statement that names a claim column, on an inbox of 0.1 that this version's
+/// `migrate` has not reached yet: retried, as [`lacks_key_digest`] is. Every server
+/// language quotes the column's name.
+pub(crate) fn lacks_claim_columns(message: &str) -> bool {
+    message.contains("\"lease_ends_at\"")
+}
+
 /// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
 /// `default_transaction_read_only` set during a failover. Another connection, or this
 /// one later, can take it.
