@@ -293,14 +293,14 @@ impl Markers {
         selected
     }
 
-    /// The key of the batch's first message to process: the outbox derives the default
-    /// ids of the body's messages from it. Unique to this batch among those that
-    /// commit, since a key is new in only one committed batch.
-    fn first_new_key(&self, new: &[bool]) -> String {
+    /// The keys of the batch's messages to process, in the batch's order. The outbox
+    /// derives the default ids of the body's messages from the first: unique to this
+    /// batch among those that commit, since a key is new in only one committed batch.
+    fn new_keys(&self, new: &[bool]) -> Vec<String> {
         (0..self.key_of.len())
-            .find(|&index| self.processes(index, new))
+            .filter(|&index| self.processes(index, new))
             .map(|index| self.message_ids[self.key_of[index]].clone())
-            .unwrap_or_default()
+            .collect()
     }
 
     /// Each message's outcome, in the batch's order.
@@ -366,7 +366,7 @@ where
                 markers,
                 new,
             }) => {
-                let scope = Scope::delivery(delivery.consumer(), markers.first_new_key(&new));
+                let scope = Scope::batch(delivery.consumer(), markers.new_keys(&new));
                 let scope = DropScope::new(scope, &delivery.span);
                 let closing = BatchClosing {
                     delivery,

@@ -37,6 +37,9 @@ pub(crate) struct Delivery {
     pub(crate) consumer: &'static str,
     /// The message's key; in a batch, the first new message's.
     pub(crate) message_id: String,
+    /// In a batch, the other new messages' keys, whose markers the body's transaction
+    /// holds too.
+    pub(crate) other_new_keys: Vec<String>,
     /// How many outbox messages the body has enqueued so far.
     pub(crate) enqueued: u32,
 }
@@ -49,13 +52,20 @@ pub(crate) struct Scope {
 }
 
 impl Scope {
-    /// A transactional or batch body's: no claim.
+    /// A transactional body's: no claim.
     pub(crate) fn delivery(consumer: &'static str, message_id: String) -> Self {
+        Self::batch(consumer, vec![message_id])
+    }
+
+    /// A batch body's, with the keys of its new messages, the first first: no claim.
+    pub(crate) fn batch(consumer: &'static str, new_keys: Vec<String>) -> Self {
+        let mut new_keys = new_keys.into_iter();
         Self {
             claim: None,
             delivery: Some(Delivery {
                 consumer,
-                message_id,
+                message_id: new_keys.next().unwrap_or_default(),
+                other_new_keys: new_keys.collect(),
                 enqueued: 0,
             }),
         }
@@ -66,6 +76,7 @@ impl Scope {
         let delivery = Delivery {
             consumer: claim.consumer,
             message_id: claim.message_id.clone(),
+            other_new_keys: Vec::new(),
             enqueued: 0,
         };
         Self {
@@ -100,13 +111,15 @@ pub(crate) fn in_a_body() -> bool {
 }
 
 /// Whether the body being polled on this thread is a transactional or batch body (one
-/// whose delivery holds its marker uncommitted) of `consumer`, delivering `message_id`
-/// (in a batch, its first new message).
+/// whose delivery holds its markers uncommitted) of `consumer`, delivering `message_id`
+/// (in a batch, any of its new messages).
 pub(crate) fn holds_the_marker_of(consumer: &str, message_id: &str) -> bool {
     CURRENT.with_borrow(|current| {
         current.claim.is_none()
             && current.delivery.as_ref().is_some_and(|delivery| {
-                delivery.consumer == consumer && delivery.message_id == message_id
+                delivery.consumer == consumer
+                    && (delivery.message_id == message_id
+                        || delivery.other_new_keys.iter().any(|key| key == message_id))
             })
     })
 }

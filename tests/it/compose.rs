@@ -216,6 +216,44 @@ async fn a_handler_called_for_its_own_message_refuses<C: TestConnection>(db: Tes
     assert_eq!(again.expect("a redelivery"), Outcome::Duplicate);
 }
 
+/// Calls itself on `other`, a second connection, from its body, for its batch's last
+/// new message, and returns that call's error.
+#[idempotent(consumer = "compose-recursive-batch", batch = messages,
+    key = |message| message.id.as_str(), conn = conn)]
+async fn recursive_batch<C>(
+    conn: &mut C,
+    other: &mut C,
+    messages: &[Message],
+) -> Result<Option<Error>, Error>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let last: &Message = messages.last().expect("new messages");
+    let inner = Box::pin(recursive_batch(other, conn, std::slice::from_ref(last))).await;
+    Ok(inner.err())
+}
+
+/// A batch body that calls its own handler for any of its new messages, not only the
+/// first, is refused at once: the call waited for the marker the batch holds, for good
+/// on PostgreSQL.
+async fn a_batch_called_for_a_later_message_refuses<C: TestConnection>(db: TestDatabase<C>) {
+    let mut conn = db.connect().await.expect("connect");
+    let mut other = db.connect().await.expect("connect");
+    let messages = ["batch-first", "batch-last"].map(|id| Message { id: id.to_owned() });
+    let outer = recursive_batch(&mut conn, &mut other, &messages).await;
+    let refusal = outer.expect("the outer call").into_value().flatten();
+    let refusal = refusal.expect("the inner call refused");
+    assert_eq!(
+        InboxError::find(&refusal),
+        Some(&InboxError::Nested(NestedHandler::SameMessage {
+            consumer: "compose-recursive-batch",
+            message_id: "batch-last".to_owned(),
+        })),
+        "{refusal}"
+    );
+}
+
 async fn create_steps<C: TestConnection>(conn: &mut C) {
     conn.batch_execute(
         "CREATE TABLE steps (message_id VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL)",
@@ -471,6 +509,24 @@ async fn recursion_refused_on_mysql() {
 async fn recursion_refused_on_sqlite() {
     let db = sqlite("compose_recursion").await;
     run_on(db, a_handler_called_for_its_own_message_refuses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_recursion_refused_on_postgres() {
+    let db = postgres("compose_batch_recursion").await;
+    run_on(db, a_batch_called_for_a_later_message_refuses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_recursion_refused_on_mysql() {
+    let db = mysql("compose_batch_recursion").await;
+    run_on(db, a_batch_called_for_a_later_message_refuses).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_recursion_refused_on_sqlite() {
+    let db = sqlite("compose_batch_recursion").await;
+    run_on(db, a_batch_called_for_a_later_message_refuses).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
