@@ -865,21 +865,8 @@ async fn a_claims_lease_ends_inside_a_test_transaction() {
     .await;
     db.cleanup().await;
 }
-
-/// A connection the server ended under a handler is retried however the handler's error
-/// carries the driver's words.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_connection_is_retried_in_every_shape() {
-    let Some(db) = create("lost_connection_shapes").await else {
-        return;
-    };
-    bounded(
-        common::verdicts::a_lost_connection_is_retried_in_every_shape(
-            db.clone(),
-            "SELECT CAST(pg_backend_pid() AS bigint)",
-            "SELECT pg_terminate_backend({id})",
-        ),
-    )
-    .await;
-    common::TestDb::cleanup(db).await;
-}
+lost_connection_scenario!(
+    create,
+    own_id = "SELECT CAST(pg_backend_pid() AS bigint)",
+    kill = "SELECT pg_terminate_backend({id})",
+);

@@ -506,3 +506,24 @@ macro_rules! verdict_scenarios {
         }
     };
 }
+
+/// [`a_lost_connection_is_retried_in_every_shape`] on the backend that `$db` creates
+/// places on: `own_id` reads the session's id, `kill` ends the session of `{id}`.
+macro_rules! lost_connection_scenario {
+    ($db:expr, own_id = $own_id:expr, kill = $kill:expr $(,)?) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_lost_connection_is_retried_in_every_shape() {
+            if let Some(db) = $db("lost_connection_shapes").await {
+                common::bounded(
+                    common::verdicts::a_lost_connection_is_retried_in_every_shape(
+                        db.clone(),
+                        $own_id,
+                        $kill,
+                    ),
+                )
+                .await;
+                common::TestDb::cleanup(db).await;
+            }
+        }
+    };
+}
