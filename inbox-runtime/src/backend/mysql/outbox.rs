@@ -39,17 +39,21 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        super::ddl::outside_any_transaction(conn)?;
+        let call = super::ddl::marked(conn)?;
         // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race, and the indexes are
         // part of it: MySQL has no CREATE INDEX IF NOT EXISTS. Sent only where a table
         // is missing, since it needs the right to create even where they are there.
-        if super::statements::tables_exist(conn, &["inbox_outbox", "inbox_outbox_keys"]).await? {
-            return Ok(());
-        }
-        conn.batch_execute(include_str!(
-            "../../../migrations/mysql/2026-12-04-000000_outbox/up.sql"
-        ))
-        .await
+        let tables = ["inbox_outbox", "inbox_outbox_keys"];
+        let migrated = match super::statements::tables_exist(conn, &tables).await {
+            Ok(false) => {
+                conn.batch_execute(include_str!(
+                    "../../../migrations/mysql/2026-12-04-000000_outbox/up.sql"
+                ))
+                .await
+            }
+            there => there.map(drop),
+        };
+        call.done(conn, migrated)
     }
 
     async fn next_in_order<C>(conn: &mut C, ordering_key: String) -> QueryResult<i64>

@@ -312,52 +312,9 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        super::ddl::outside_any_transaction(conn)?;
-        // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race; sent only where the
-        // table is missing, since it needs the right to create even where the table is
-        // there, which an application's user may lack.
-        if !tables_exist(conn, &["inbox"]).await? {
-            conn.batch_execute(include_str!(
-                "../../../migrations/mysql/2026-11-30-000000_create_inbox/up.sql"
-            ))
-            .await?;
-        }
-        // A table created by hand may lack the index, and MySQL has no
-        // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
-        // name" is success for us, so it is checked again rather than reported.
-        if !inbox_index_exists(conn).await? {
-            let create =
-                format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
-            match conn.batch_execute(&create).await {
-                Err(_) if inbox_index_exists(conn).await? => {}
-                result => result?,
-            }
-        }
-        // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
-        // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
-        // name" is success for us, so the columns are counted again.
-        if !claim_columns_exist(conn).await? {
-            match conn
-                .batch_execute(include_str!(
-                    "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
-                ))
-                .await
-            {
-                Err(_) if claim_columns_exist(conn).await? => {}
-                result => result?,
-            }
-        }
-        super::upgrade::migrate_key_digest(conn).await?;
-        // Markers stamped in UTC, where the default is still the session's local time:
-        // an `ALTER TABLE`, even one with nothing to do, waits for every open
-        // transaction on the table. Two instances setting it at once set the same.
-        if !stamped_in_utc(conn).await? {
-            conn.batch_execute(include_str!(
-                "../../../migrations/mysql/2026-12-07-000000_utc_clock/up.sql"
-            ))
-            .await?;
-        }
-        Ok(())
+        let call = super::ddl::marked(conn)?;
+        let migrated = migrate_marked(conn).await;
+        call.done(conn, migrated)
     }
 
     async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>
@@ -366,6 +323,57 @@ impl sealed::Sealed for Mysql {
     {
         super::upgrade::upgrade_unique_index(conn).await
     }
+}
+
+/// [`Sealed::migrate`](sealed::Sealed::migrate), on a connection marked for its call.
+async fn migrate_marked<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race; sent only where the
+    // table is missing, since it needs the right to create even where the table is
+    // there, which an application's user may lack.
+    if !tables_exist(conn, &["inbox"]).await? {
+        conn.batch_execute(include_str!(
+            "../../../migrations/mysql/2026-11-30-000000_create_inbox/up.sql"
+        ))
+        .await?;
+    }
+    // A table created by hand may lack the index, and MySQL has no
+    // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
+    // name" is success for us, so it is checked again rather than reported.
+    if !inbox_index_exists(conn).await? {
+        let create = format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
+        match conn.batch_execute(&create).await {
+            Err(_) if inbox_index_exists(conn).await? => {}
+            result => result?,
+        }
+    }
+    // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
+    // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
+    // name" is success for us, so the columns are counted again.
+    if !claim_columns_exist(conn).await? {
+        match conn
+            .batch_execute(include_str!(
+                "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
+            ))
+            .await
+        {
+            Err(_) if claim_columns_exist(conn).await? => {}
+            result => result?,
+        }
+    }
+    super::upgrade::migrate_key_digest(conn).await?;
+    // Markers stamped in UTC, where the default is still the session's local time:
+    // an `ALTER TABLE`, even one with nothing to do, waits for every open
+    // transaction on the table. Two instances setting it at once set the same.
+    if !stamped_in_utc(conn).await? {
+        conn.batch_execute(include_str!(
+            "../../../migrations/mysql/2026-12-07-000000_utc_clock/up.sql"
+        ))
+        .await?;
+    }
+    Ok(())
 }
 
 /// The COMMIT went through, but preparing what follows it failed (the server's

@@ -77,7 +77,15 @@ pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUp
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    ddl::outside_any_transaction(conn)?;
+    let call = ddl::marked(conn)?;
+    let upgrade = upgrade_marked(conn).await;
+    call.done(conn, upgrade)
+}
+
+async fn upgrade_marked<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
     migrate_key_digest(conn).await?;
     if digest_state(conn).await?.index {
         return Ok(IndexUpgrade::Current);
