@@ -27,7 +27,7 @@ use diesel_inbox::{Disposition, idempotent};
 use diesel_inbox_kafka::{ID_HEADER, RecordKey, message_key};
 use rskafka::client::ClientBuilder;
 use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
-use rskafka::record::{Record, RecordAndOffset};
+use rskafka::record::RecordAndOffset;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -179,16 +179,15 @@ async fn commit_offset(conn: &mut AsyncPgConnection, next_offset: i64) -> QueryR
     Ok(())
 }
 
-/// Copies the record to the dead-letter topic with the reason, before its offset is
-/// committed: a crash in between dead-letters it twice, never not at all.
+/// Copies the record to the dead-letter topic with the reason (and, without an id, its
+/// place, which keys the copy as the original), before its offset is committed: a
+/// crash in between dead-letters it twice, never not at all.
 async fn dead_letter(
     dead_letters: &PartitionClient,
     record: &RecordAndOffset,
     reason: &str,
 ) -> Result<(), BoxError> {
-    let mut copy: Record = record.record.clone();
-    copy.headers
-        .insert("x-inbox-reason".to_owned(), reason.as_bytes().to_vec());
+    let copy = diesel_inbox_kafka::dead_letter(ID_HEADER, TOPIC, PARTITION, record, reason);
     dead_letters
         .produce(vec![copy], Compression::NoCompression)
         .await?;

@@ -74,6 +74,19 @@ use diesel_inbox::{InboxKey, InvalidKey, MissingKey};
 
 pub use outbox::{ID_HEADER, OutboxPublisher};
 
+/// The header a [`dead_letter`] copy carries its reason in.
+pub const REASON_HEADER: &str = "x-inbox-reason";
+/// The headers a [`dead_letter`] copy of a record without an id header carries its
+/// original's place and time in: its topic, partition, offset and timestamp (in
+/// milliseconds), from which [`record_key`] keys the copy as its original.
+pub const ORIGINAL_TOPIC_HEADER: &str = "x-inbox-original-topic";
+/// See [`ORIGINAL_TOPIC_HEADER`].
+pub const ORIGINAL_PARTITION_HEADER: &str = "x-inbox-original-partition";
+/// See [`ORIGINAL_TOPIC_HEADER`].
+pub const ORIGINAL_OFFSET_HEADER: &str = "x-inbox-original-offset";
+/// See [`ORIGINAL_TOPIC_HEADER`].
+pub const ORIGINAL_TIMESTAMP_HEADER: &str = "x-inbox-original-timestamp";
+
 /// The inbox key of a Kafka record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -112,6 +125,11 @@ impl InboxKey for RecordKey<'_> {
 /// (its timestamp) and `headers`: the `id_header` where the record has it, else its
 /// position and time.
 ///
+/// A record without the id header that a [`dead_letter`] copy made is keyed by its
+/// original's place and time (the `ORIGINAL_*` headers), so that a copy sent back from
+/// the dead letters is its original's message, not a new one: a claim-mode body then
+/// makes its call again under the original's idempotency key.
+///
 /// A header that is present but empty or not UTF-8 is [`MissingKey`] rather than a
 /// fallback to the position, which would let the producer's retry through as new.
 pub fn record_key<'a>(
@@ -123,17 +141,66 @@ pub fn record_key<'a>(
     headers: &'a BTreeMap<String, Vec<u8>>,
 ) -> Result<RecordKey<'a>, MissingKey> {
     match headers.get(id_header) {
-        None => Ok(RecordKey::Position {
+        None => Ok(original_position(headers).unwrap_or(RecordKey::Position {
             topic,
             partition,
             offset,
             timestamp_millis,
-        }),
+        })),
         Some(value) => match std::str::from_utf8(value) {
             Ok(id) if !id.is_empty() => Ok(RecordKey::Header(id)),
             _ => Err(MissingKey::new(id_header)),
         },
     }
+}
+
+/// The original's place and time that a [`dead_letter`] copy carries, where it has all
+/// four headers.
+fn original_position(headers: &BTreeMap<String, Vec<u8>>) -> Option<RecordKey<'_>> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|value| std::str::from_utf8(value).ok())
+    };
+    Some(RecordKey::Position {
+        topic: text(ORIGINAL_TOPIC_HEADER)?,
+        partition: text(ORIGINAL_PARTITION_HEADER)?.parse().ok()?,
+        offset: text(ORIGINAL_OFFSET_HEADER)?.parse().ok()?,
+        timestamp_millis: text(ORIGINAL_TIMESTAMP_HEADER)?.parse().ok()?,
+    })
+}
+
+/// The copy of `record`, read from `topic`/`partition`, to produce to a dead-letter
+/// topic: its key, value, headers and timestamp, with `reason` in [`REASON_HEADER`]. A
+/// record without `id_header` also gets its place and time (the `ORIGINAL_*` headers),
+/// unless it is itself such a copy, so that [`message_key`] keys the copy, and a copy
+/// of it sent back to be processed, as the original.
+pub fn dead_letter(
+    id_header: &'static str,
+    topic: &str,
+    partition: i32,
+    record: &rskafka::record::RecordAndOffset,
+    reason: &str,
+) -> rskafka::record::Record {
+    let mut copy = record.record.clone();
+    copy.headers
+        .insert(REASON_HEADER.to_owned(), reason.as_bytes().to_vec());
+    let keyed_by_place = !copy.headers.contains_key(id_header);
+    if keyed_by_place && original_position(&copy.headers).is_none() {
+        let place = [
+            (ORIGINAL_TOPIC_HEADER, topic.to_owned()),
+            (ORIGINAL_PARTITION_HEADER, partition.to_string()),
+            (ORIGINAL_OFFSET_HEADER, record.offset.to_string()),
+            (
+                ORIGINAL_TIMESTAMP_HEADER,
+                record.record.timestamp.timestamp_millis().to_string(),
+            ),
+        ];
+        for (name, value) in place {
+            copy.headers.insert(name.to_owned(), value.into_bytes());
+        }
+    }
+    copy
 }
 
 /// The key of an rskafka record read from `topic`/`partition`.
@@ -155,7 +222,43 @@ pub fn message_key<'a>(
 
 #[cfg(test)]
 mod tests {
+    use rskafka::record::{Record, RecordAndOffset};
+
     use super::*;
+
+    /// A dead letter of a record without an id, read from the dead-letter topic, and
+    /// sent back from there, is keyed as its original; one of a record with an id keeps
+    /// the id.
+    #[test]
+    fn a_dead_letter_is_keyed_as_its_original() {
+        let record = |headers: BTreeMap<String, Vec<u8>>, millis, offset| RecordAndOffset {
+            record: Record {
+                key: None,
+                value: Some(b"payload".to_vec()),
+                headers,
+                timestamp: rskafka::chrono::DateTime::from_timestamp_millis(millis).unwrap(),
+            },
+            offset,
+        };
+        let original = record(BTreeMap::new(), 1_765_000_000_000, 42);
+        let key = message_key("event-id", "credits", 3, &original).unwrap();
+        let copy = dead_letter("event-id", "credits", 3, &original, "refused");
+        assert_eq!(copy.headers[REASON_HEADER], b"refused");
+        let read = record(copy.headers, 1_765_000_000_500, 7);
+        assert_eq!(message_key("event-id", "credits.dead", 0, &read), Ok(key));
+        let again = dead_letter("event-id", "credits.dead", 0, &read, "still refused");
+        let sent_back = record(again.headers, 1_765_000_001_000, 99);
+        assert_eq!(message_key("event-id", "credits", 1, &sent_back), Ok(key));
+
+        let with_id = BTreeMap::from([("event-id".to_owned(), b"e-1".to_vec())]);
+        let copy = dead_letter("event-id", "credits", 3, &record(with_id, 0, 5), "no");
+        assert!(!copy.headers.contains_key(ORIGINAL_OFFSET_HEADER));
+        let read = record(copy.headers, 0, 8);
+        assert_eq!(
+            message_key("event-id", "credits.dead", 0, &read),
+            Ok(RecordKey::Header("e-1"))
+        );
+    }
 
     #[test]
     fn the_header_wins_and_the_position_is_the_fallback() {
