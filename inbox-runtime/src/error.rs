@@ -241,8 +241,9 @@ pub enum ClaimError {
     /// The claim's statement took so long to commit (a Galera node waiting out a dead
     /// peer, a stalled synchronous replica) that little of its lease was left, and
     /// renewing it took as long: the body did not run, since another delivery could
-    /// take the claim over while it ran. The claim is released, as the body never
-    /// started. [`Transient`](crate::ErrorClass::Transient): redeliver the message.
+    /// take the claim over while it ran. The claim is released, and the attempt not
+    /// counted toward `max_attempts`, as the body never started.
+    /// [`Transient`](crate::ErrorClass::Transient): redeliver the message.
     LeaseUsedUp {
         /// The attempt that did not run its body.
         attempt: u32,

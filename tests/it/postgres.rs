@@ -771,9 +771,10 @@ async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
     db.cleanup().await;
 }
 
-/// A withdrawal-like claim-mode handler: never taken over once its lease ran out.
+/// A withdrawal-like claim-mode handler: never taken over once its lease ran out, and
+/// its body started once at most.
 #[idempotent(consumer = "stalled-claim", key = key, claim, takeover = false,
-    lease = Duration::from_millis(20))]
+    max_attempts = 1, lease = Duration::from_millis(20))]
 async fn stalled_claim(
     conn: &mut AsyncPgConnection,
     key: &str,
@@ -785,9 +786,10 @@ async fn stalled_claim(
 }
 
 /// A claim whose commit (and each renewal's) used up most of its lease gives up before
-/// its body, which never starts: the claim is released, so the next delivery runs the
-/// body. Left held, its lease ran out as if the body had run, and with
-/// `takeover = false` the next delivery was quarantined and dead-lettered, unprocessed.
+/// its body, which never starts: the claim is released, and its attempt not counted, so
+/// the next delivery runs the body. Left held, its lease ran out as if the body had run,
+/// and with `takeover = false` the next delivery was quarantined and dead-lettered,
+/// unprocessed; counted, it used up `max_attempts = 1` (`AttemptsExhausted`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_given_up_before_its_body_is_released() {
     let Some(db) = create("claim_given_up").await else {

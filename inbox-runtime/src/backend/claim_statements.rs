@@ -13,6 +13,11 @@ use diesel::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel_async::AsyncConnection;
 
+/// The attempt a claim's body never started, taken back: the count says how many
+/// times the body was started, which `max_attempts` bounds.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) const UNCOUNTED: &str = "attempts = attempts - 1";
+
 /// The (message, consumer) a claim statement is about.
 #[derive(Debug, Clone)]
 pub struct ClaimKey {
@@ -135,6 +140,16 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
     /// Releases the claim if `token` still holds it: it ends the lease now and clears
     /// the holder, keeping the attempt count.
     fn release<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+    ) -> impl Future<Output = QueryResult<bool>> + Send
+    where
+        C: AsyncConnection<Backend = Self>;
+
+    /// Releases the claim if `token` still holds it, as [`release`](Self::release)
+    /// does, and takes back the attempt, whose body never started.
+    fn release_unstarted<C>(
         conn: &mut C,
         key: ClaimKey,
         token: String,

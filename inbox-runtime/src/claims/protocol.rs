@@ -304,14 +304,16 @@ where
     Ok(Held { claim, key })
 }
 
-/// Releases a claim whose body never started. Should the release fail, the lease ends
-/// and the claim is judged as one whose body may have run.
+/// Releases a claim whose body never started, and takes back its attempt, which
+/// `max_attempts` would otherwise count. Should the release fail, the lease ends and
+/// the claim is judged as one whose body may have run.
 async fn release_unrun<C>(conn: &mut C, key: ClaimKey, claim: &Claim)
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    if let Err(release) = C::Backend::release(conn, key, claim.token.to_string()).await {
+    let token = claim.token.to_string();
+    if let Err(release) = C::Backend::release_unstarted(conn, key, token).await {
         tracing::warn!(
             target: "diesel_inbox",
             error = %release,

@@ -8,7 +8,9 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow};
+use crate::backend::claim_statements::{
+    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, UNCOUNTED,
+};
 use crate::backend::prepared::Prepared;
 
 // The claim a statement is about, by its placeholders `$1` and `$2`: the key and the
@@ -145,6 +147,14 @@ impl ClaimStatements for Pg {
         C: AsyncConnection<Backend = Self>,
     {
         let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
+        update_claim_by_bytes!(conn, &sql, key, token)
+    }
+
+    async fn release_unstarted<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    where
+        C: AsyncConnection<Backend = Self>,
+    {
+        let sql = format!("UPDATE inbox SET {RELEASED}, {UNCOUNTED} {BY_KEY} AND {HELD}");
         update_claim_by_bytes!(conn, &sql, key, token)
     }
 
