@@ -13,10 +13,26 @@ use diesel::QueryResult;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel_async::AsyncConnection;
 
-/// The attempt a claim's body never started, taken back: the count says how many
-/// times the body was started, which `max_attempts` bounds.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub(crate) const UNCOUNTED: &str = "attempts = attempts - 1";
+/// What became of the attempt whose claim is released: the attempt count says how
+/// many times the body was started, which `max_attempts` bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The body ran, and failed: the attempt counts.
+    BodyFailed,
+    /// The body never started: the attempt is taken back.
+    BodyNeverStarted,
+}
+
+impl Attempt {
+    /// What a release's `SET` clause adds, after the backend's own.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    pub(crate) fn counted(self) -> &'static str {
+        match self {
+            Self::BodyFailed => "",
+            Self::BodyNeverStarted => ", attempts = attempts - 1",
+        }
+    }
+}
 
 /// The (message, consumer) a claim statement is about.
 #[derive(Debug, Clone)]
@@ -138,21 +154,13 @@ pub trait ClaimStatements: diesel::backend::Backend + Sized {
         C: AsyncConnection<Backend = Self>;
 
     /// Releases the claim if `token` still holds it: it ends the lease now and clears
-    /// the holder, keeping the attempt count.
+    /// the holder, keeping the attempt count, or taking the attempt back where its body
+    /// never started.
     fn release<C>(
         conn: &mut C,
         key: ClaimKey,
         token: String,
-    ) -> impl Future<Output = QueryResult<bool>> + Send
-    where
-        C: AsyncConnection<Backend = Self>;
-
-    /// Releases the claim if `token` still holds it, as [`release`](Self::release)
-    /// does, and takes back the attempt, whose body never started.
-    fn release_unstarted<C>(
-        conn: &mut C,
-        key: ClaimKey,
-        token: String,
+        attempt: Attempt,
     ) -> impl Future<Output = QueryResult<bool>> + Send
     where
         C: AsyncConnection<Backend = Self>;

@@ -9,7 +9,9 @@ use tracing::Instrument as _;
 
 use super::{Claim, micros};
 use crate::backend::InboxBackend;
-use crate::backend::claim_statements::{ClaimKey, ClaimRow, ClaimStatements as _, NewClaim};
+use crate::backend::claim_statements::{
+    Attempt, ClaimKey, ClaimRow, ClaimStatements as _, NewClaim,
+};
 use crate::backend::sealed::Sealed as _;
 use crate::body_scope::{DropScope, Scope};
 use crate::classify::classify;
@@ -296,7 +298,8 @@ where
         // run again by the next delivery, where a lease that merely ran out would be
         // quarantined (`takeover = false`).
         if let NotRun::Database(_) = not_run {
-            release_unrun(conn, key, &claim).await;
+            let token = claim.token.to_string();
+            release(conn, key, token, Attempt::BodyNeverStarted).await;
         }
         return Err(not_run);
     }
@@ -304,21 +307,20 @@ where
     Ok(Held { claim, key })
 }
 
-/// Releases a claim whose body never started, and takes back its attempt, which
-/// `max_attempts` would otherwise count. Should the release fail, the lease ends and
-/// the claim is judged as one whose body may have run.
-async fn release_unrun<C>(conn: &mut C, key: ClaimKey, claim: &Claim)
+/// Releases the claim `token` holds, for the next delivery to run it at once. Should
+/// the release fail, the lease ends and the claim is taken over then, judged as one
+/// whose body may have run; the error that ended this delivery says more.
+async fn release<C>(conn: &mut C, key: ClaimKey, token: String, attempt: Attempt)
 where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    let token = claim.token.to_string();
-    if let Err(release) = C::Backend::release_unstarted(conn, key, token).await {
-        tracing::warn!(
-            target: "diesel_inbox",
-            error = %release,
-            "could not release a claim whose body never started"
-        );
+    if let Err(release) = C::Backend::release(conn, key, token, attempt).await {
+        let message = match attempt {
+            Attempt::BodyFailed => "could not release the claim after the body failed",
+            Attempt::BodyNeverStarted => "could not release a claim whose body never started",
+        };
+        tracing::warn!(target: "diesel_inbox", error = %release, "{message}");
     }
 }
 
@@ -358,15 +360,7 @@ where
             }
         };
     }
-    // Should the release fail, the lease ends and the claim is taken over then. The
-    // body's error says more.
-    if let Err(release) = C::Backend::release(conn, key, token).await {
-        tracing::warn!(
-            target: "diesel_inbox",
-            error = %release,
-            "could not release the claim after the body failed"
-        );
-    }
+    release(conn, key, token, Attempt::BodyFailed).await;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::claim_statements::{
-    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, UNCOUNTED,
+    Attempt, ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow,
 };
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
@@ -184,21 +184,19 @@ impl ClaimStatements for Mysql {
         call.committed(conn, renewed.map(|rows| rows == 1)).await
     }
 
-    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    async fn release<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+        attempt: Attempt,
+    ) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        let call = Call::start(conn)?;
-        let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
-        call.committed(conn, updated).await
-    }
-
-    async fn release_unstarted<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        let sql = format!("UPDATE inbox SET {RELEASED}, {UNCOUNTED} {BY_KEY} AND {HELD}");
+        let sql = format!(
+            "UPDATE inbox SET {RELEASED}{} {BY_KEY} AND {HELD}",
+            attempt.counted()
+        );
         let call = Call::start(conn)?;
         let updated = update_claim_by_key!(&mut *conn, &sql, key, token);
         call.committed(conn, updated).await

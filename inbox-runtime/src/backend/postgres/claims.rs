@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Bytea, Integer, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::claim_statements::{
-    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, UNCOUNTED,
+    Attempt, ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow,
 };
 use crate::backend::prepared::Prepared;
 
@@ -142,19 +142,19 @@ impl ClaimStatements for Pg {
         Ok(renewed == 1)
     }
 
-    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    async fn release<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+        attempt: Attempt,
+    ) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        update_claim_by_bytes!(conn, &sql, key, token)
-    }
-
-    async fn release_unstarted<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        let sql = format!("UPDATE inbox SET {RELEASED}, {UNCOUNTED} {BY_KEY} AND {HELD}");
+        let sql = format!(
+            "UPDATE inbox SET {RELEASED}{} {BY_KEY} AND {HELD}",
+            attempt.counted()
+        );
         update_claim_by_bytes!(conn, &sql, key, token)
     }
 

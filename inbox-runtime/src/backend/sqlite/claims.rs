@@ -8,7 +8,7 @@ use diesel::sqlite::Sqlite;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use crate::backend::claim_statements::{
-    ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, UNCOUNTED, update_claim,
+    Attempt, ClaimKey, ClaimRow, ClaimStatements, NewClaim, StaleRow, update_claim,
 };
 use crate::backend::prepared::Prepared;
 
@@ -150,19 +150,19 @@ impl ClaimStatements for Sqlite {
         Ok(renewed == 1)
     }
 
-    async fn release<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
+    async fn release<C>(
+        conn: &mut C,
+        key: ClaimKey,
+        token: String,
+        attempt: Attempt,
+    ) -> QueryResult<bool>
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let sql = format!("UPDATE inbox SET {RELEASED} {BY_KEY} AND {HELD}");
-        update_claim!(conn, &sql, key, token)
-    }
-
-    async fn release_unstarted<C>(conn: &mut C, key: ClaimKey, token: String) -> QueryResult<bool>
-    where
-        C: AsyncConnection<Backend = Self>,
-    {
-        let sql = format!("UPDATE inbox SET {RELEASED}, {UNCOUNTED} {BY_KEY} AND {HELD}");
+        let sql = format!(
+            "UPDATE inbox SET {RELEASED}{} {BY_KEY} AND {HELD}",
+            attempt.counted()
+        );
         update_claim!(conn, &sql, key, token)
     }
 
