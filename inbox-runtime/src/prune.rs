@@ -5,11 +5,10 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use diesel::QueryResult;
-use diesel::result::Error;
-use diesel_async::{AsyncConnection, TransactionManager};
+use diesel_async::AsyncConnection;
 
 use crate::backend::sealed::{MarkerAge, PruneBounds, Sealed as _};
-use crate::backend::{InFlight, InboxBackend};
+use crate::backend::{InFlight, InboxBackend, outside_a_transaction};
 
 /// Ids per statement: enough to make each round trip worth it, few enough that a
 /// batch's locks and its transaction stay short beside the handlers.
@@ -40,8 +39,9 @@ pub(crate) const LONGEST_WINDOW: Duration = Duration::from_secs(500 * 365 * 24 *
 ///
 /// # Errors
 ///
-/// A database error, or [`Error::AlreadyInTransaction`]. Batches deleted before an
-/// error stay deleted.
+/// A database error, or
+/// [`AlreadyInTransaction`](diesel::result::Error::AlreadyInTransaction). Batches
+/// deleted before an error stay deleted.
 pub async fn prune<C>(conn: &mut C, older_than: Duration) -> QueryResult<u64>
 where
     C: AsyncConnection,
@@ -119,21 +119,6 @@ where
         }
     }
     Ok(deleted)
-}
-
-/// Refuses a connection inside a transaction, where a prune's batches would not be
-/// short transactions of their own.
-pub(crate) fn outside_a_transaction<C>(conn: &mut C) -> QueryResult<()>
-where
-    C: AsyncConnection,
-{
-    if C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()?
-        .is_some()
-    {
-        return Err(Error::AlreadyInTransaction);
-    }
-    Ok(())
 }
 
 /// The lowest id in `start..end` from which on the first marker is inside the window, or

@@ -243,6 +243,22 @@ pub(crate) fn leave_transaction<C: diesel_async::AsyncConnection>(
     )
 }
 
+/// Refuses a connection inside a transaction, a test transaction's included, for a
+/// call whose statements must each be a transaction of their own: a prune's batches,
+/// and on MySQL/MariaDB schema changes, before each of which the server commits the
+/// open transaction (a test's writes would end unseen, and the handlers after it
+/// commit for real).
+pub(crate) fn outside_a_transaction<C: diesel_async::AsyncConnection>(
+    conn: &mut C,
+) -> diesel::QueryResult<()> {
+    use diesel_async::TransactionManager;
+
+    match C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth()? {
+        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
+}
+
 /// The transaction manager's state, kept aside while a statement sent outside any
 /// transaction is in flight, the manager reading as in error meanwhile: a call dropped
 /// before the statement's answer came leaves the connection marked broken, which pools

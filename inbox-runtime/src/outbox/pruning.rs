@@ -9,7 +9,8 @@ use diesel_async::AsyncConnection;
 use super::relaying::micros;
 use crate::backend::InboxBackend;
 use crate::backend::outbox_statements::OutboxStatements as _;
-use crate::prune::{LONGEST_WINDOW, outside_a_transaction};
+use crate::backend::outside_a_transaction;
+use crate::prune::LONGEST_WINDOW;
 
 /// Messages per statement: enough to make each round trip worth it, few enough that
 /// each batch's locks and transaction stay short beside the handlers.

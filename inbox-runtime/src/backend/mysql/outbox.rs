@@ -15,7 +15,7 @@ use crate::backend::outbox_statements::{
 };
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
-use crate::backend::{enter_transaction, roll_back_for};
+use crate::backend::{InFlight, enter_transaction, outside_a_transaction, roll_back_for};
 use crate::enclosing::{Enclosing, enclosing_transaction};
 
 /// A row's id, as the take reads it before updating.
@@ -39,7 +39,9 @@ impl OutboxStatements for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let call = super::ddl::marked(conn)?;
+        // Marked as the inbox's `migrate` is.
+        outside_a_transaction(conn)?;
+        let in_flight = InFlight::mark(conn)?;
         // CREATE TABLE IF NOT EXISTS is atomic DDL, safe to race, and the indexes are
         // part of it: MySQL has no CREATE INDEX IF NOT EXISTS. Sent only where a table
         // is missing, since it needs the right to create even where they are there.
@@ -53,7 +55,8 @@ impl OutboxStatements for Mysql {
             }
             there => there.map(drop),
         };
-        call.done(conn, migrated)
+        in_flight.answered(conn);
+        migrated
     }
 
     async fn next_in_order<C>(conn: &mut C, ordering_key: String) -> QueryResult<i64>

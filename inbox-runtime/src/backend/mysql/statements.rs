@@ -13,7 +13,10 @@ use crate::backend::prepared::Prepared;
 use crate::backend::queries::{InsertMarkers, MARKERS_PER_STATEMENT, chunks, hex_digits};
 use crate::backend::savepoint::{self, SavepointBackend, lost_marker, savepoint};
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
-use crate::backend::{end_unless_inserted, enter_transaction, processed_or_unfinished};
+use crate::backend::{
+    InFlight, end_unless_inserted, enter_transaction, outside_a_transaction,
+    processed_or_unfinished,
+};
 use crate::schema::INDEX_NAME;
 
 use super::call::Call;
@@ -312,9 +315,15 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        let call = super::ddl::marked(conn)?;
+        // Each statement its own transaction, the connection marked for the whole
+        // call: one dropped midway leaves a statement's answer in flight, which the
+        // connection's next statement would read as its own, or the session's
+        // `lock_wait_timeout` at a second (`ddl::with_short_lock_waits`).
+        outside_a_transaction(conn)?;
+        let in_flight = InFlight::mark(conn)?;
         let migrated = migrate_marked(conn).await;
-        call.done(conn, migrated)
+        in_flight.answered(conn);
+        migrated
     }
 
     async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<crate::schema::IndexUpgrade>

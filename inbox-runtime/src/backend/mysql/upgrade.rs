@@ -10,6 +10,7 @@ use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::ddl;
+use crate::backend::{InFlight, outside_a_transaction};
 use crate::schema::{INDEX_NAME, IndexUpgrade};
 
 const ADD_DIGEST_COLUMN: &str =
@@ -77,9 +78,12 @@ pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUp
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let call = ddl::marked(conn)?;
+    // Marked as `migrate` is.
+    outside_a_transaction(conn)?;
+    let in_flight = InFlight::mark(conn)?;
     let upgrade = upgrade_marked(conn).await;
-    call.done(conn, upgrade)
+    in_flight.answered(conn);
+    upgrade
 }
 
 async fn upgrade_marked<C>(conn: &mut C) -> QueryResult<IndexUpgrade>
