@@ -123,7 +123,21 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
 /// connection reaches the handler in the driver's words, not the server's: dead-lettered
 /// on those, a two-second outage sent nearly every message in flight to the dead
 /// letters.
+///
+/// A wrapper may also fold the text into its own (`anyhow!("credit {id}: {error}")`,
+/// `#[error("database: {0}")]` over the error's text): each clause after a `": "` is
+/// read as well, the outermost first.
 pub(crate) fn classify_text(text: &str) -> Option<ErrorClass> {
+    let folded = text
+        .match_indices(": ")
+        .map(|(at, separator)| text[at + separator.len()..].trim_start());
+    std::iter::once(text)
+        .chain(folded)
+        .find_map(classify_clause)
+}
+
+/// [`classify_text`] of one clause: the texts it knows open it.
+fn classify_clause(text: &str) -> Option<ErrorClass> {
     /// Openings of the texts of errors that leave the connection unusable.
     const CONNECTION_UNUSABLE: &[&str] = &[
         // diesel's `BrokenTransactionManager` and `AlreadyInTransaction`.
@@ -535,6 +549,42 @@ mod tests {
         assert!(checked > 60, "only {checked} translations found in {path}");
     }
 
+    /// A wrapper that folds the error's text into its own: each clause is read. Before,
+    /// only the opening was, and a lost connection so wrapped was dead-lettered.
+    #[test]
+    fn a_text_folded_into_a_wrappers_is_read_clause_by_clause() {
+        for (said, class) in [
+            (
+                "credit m-1: connection closed",
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "database error: error communicating with the server: Broken pipe",
+                ErrorClass::ConnectionUnusable,
+            ),
+            (
+                "handler credit failed:  deadlock detected",
+                ErrorClass::Transient,
+            ),
+            (
+                "credit: pool: Timeout occurred while waiting for a slot to become available",
+                ErrorClass::Transient,
+            ),
+            (
+                "refund r-7: the handler's transaction was rolled back by the database \
+                 before it could commit",
+                ErrorClass::Transient,
+            ),
+        ] {
+            assert_eq!(classify_text(said), Some(class), "{said}");
+        }
+        // Words that open no clause are not read: a business text may mention them.
+        assert_eq!(
+            classify_text("the customer's connection closed before payment"),
+            None
+        );
+    }
+
     /// What a wrapper that hides the diesel error leaves: the text. Each of the crate's
     /// own retryable errors, diesel's, the drivers' and the pools' is known by it, and a
     /// business error's is not.
@@ -608,6 +658,8 @@ mod tests {
         }
         for business in [
             "new row for relation \"accounts\" violates check constraint \"positive\"",
+            "credit m-1: new row for relation \"accounts\" violates check constraint",
+            "refund: the order was cancelled: by its buyer",
             "attempt to debit a closed account",
             "the order was cancelled",
         ] {

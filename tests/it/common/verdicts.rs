@@ -130,6 +130,15 @@ async fn assert_retried_in_every_shape(database: &Error) {
         BoxError::from(anyhow::Error::from(error()))
     })
     .await;
+    // Folded into the wrapper's own text: only the text is left, after the wrapper's.
+    assert_retried("anyhow! folding the text", || {
+        anyhow::anyhow!("crediting m-1: {}", error())
+    })
+    .await;
+    assert_retried("boxed String folding the text", || {
+        BoxError::from(format!("repository: credit m-1 failed: {}", error()))
+    })
+    .await;
     assert_retried("io::Error::other", || std::io::Error::other(error())).await;
     assert_retried("boxed io::Error::other of transparent", || {
         BoxError::from(std::io::Error::other(TransparentRepoError::from(error())))
