@@ -95,6 +95,7 @@ pub fn classify(error: &Error) -> ErrorClass {
 /// pool's next connection, or a later one, reaches the server that now takes writes.
 pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
     if message.starts_with(UNSUPPORTED_SESSION)
+        || postgres::is_shared_statements(message)
         || postgres::is_connection_lost(message)
         || mysql::is_connection_lost(message)
         || postgres::is_read_only(message)
@@ -108,6 +109,7 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
         || postgres::lacks_key_digest(message)
         || postgres::lacks_claim_columns(message)
         || mysql::lacks_key_digest(message)
+        || sqlite::lacks_claim_columns(message)
     {
         Some(ErrorClass::Transient)
     } else {
@@ -547,6 +549,25 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 60, "only {checked} translations found in {path}");
+    }
+
+    /// A pooler that hands prepared statements between clients (PgBouncer's transaction
+    /// or statement mode): no message is at fault, and the connection cannot be trusted.
+    #[test]
+    fn a_pooler_sharing_prepared_statements_is_an_unusable_connection() {
+        for said in [
+            "prepared statement \"s17\" does not exist",
+            "prepared statement \"s76\" already exists",
+            "bind message supplies 2 parameters, but prepared statement \"s52\" requires 0",
+            "transaction blocks not allowed in statement pooling mode",
+        ] {
+            assert_eq!(
+                classify_message(said),
+                Some(ErrorClass::ConnectionUnusable),
+                "{said}"
+            );
+        }
+        assert_eq!(classify_message("prepared statement of the order"), None);
     }
 
     /// A wrapper that folds the error's text into its own: each clause is read. Before,

@@ -9,7 +9,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::AsyncConnection;
 
 use crate::backend::sealed::{InboxSeen, Sealed as _};
-use crate::backend::{InboxBackend, UNSUPPORTED_SESSION};
+use crate::backend::{InboxBackend, UNSUPPORTED_SESSION, mysql, postgres, sqlite};
 use crate::classify::classify_message;
 use crate::schema::INDEX_NAME;
 
@@ -20,19 +20,47 @@ where
     C: AsyncConnection,
     C::Backend: InboxBackend,
 {
-    // Only an error that would otherwise be dead-lettered is worth a look.
+    // Only an error that would otherwise be dead-lettered is worth a look, and a missing
+    // column of the crate's inbox: an inbox `migrate` has not reached yet, retried as it
+    // is, or another table of that name, which no retry gets past.
     let Error::DatabaseError(DatabaseErrorKind::Unknown, info) = &error else {
         return error;
     };
-    if classify_message(info.message()).is_some() {
+    let unsupported = if postgres::is_shared_statements(info.message()) {
+        format!(
+            "{UNSUPPORTED_SESSION}its connection passes through a pooler that hands \
+             prepared statements from one client to another, where a statement can run \
+             as another ({}): PgBouncer's `pool_mode = transaction` (before 1.21, or \
+             without `max_prepared_statements`) or `statement`. Connect the handlers to \
+             the server directly, through session pooling, or through PgBouncer 1.21 or \
+             later with `max_prepared_statements` set",
+            info.message()
+        )
+    } else if classify_message(info.message()).is_some() && !lacks_inbox_column(info.message()) {
         return error;
-    }
-    let unsupported = match C::Backend::inbox_seen(conn).await {
+    } else {
+        match inbox_seen_unsupported(conn, info.message()).await {
+            Some(unsupported) => unsupported,
+            None => return error,
+        }
+    };
+    report_once(&unsupported);
+    Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(unsupported))
+}
+
+/// What is wrong with the `inbox` the session finds, if anything, for an error `message`
+/// of the crate's statements.
+async fn inbox_seen_unsupported<C>(conn: &mut C, message: &str) -> Option<String>
+where
+    C: AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    Some(match C::Backend::inbox_seen(conn).await {
         Ok(InboxSeen::Missing) => format!(
             "{UNSUPPORTED_SESSION}it finds no `inbox` table ({}). Run `diesel_inbox::migrate` \
              at start-up on a connection set up as the handlers' are (the same database, \
              the same `search_path`), or apply the migration shipped for your backend there",
-            info.message()
+            message
         ),
         // Another table of that name, which the crate's statements fail on (or, on
         // PostgreSQL, one found first on the session's `search_path`).
@@ -41,10 +69,15 @@ where
              unique index `{INDEX_NAME}` ({}). Give the crate's inbox a database or schema \
              of its own and point the handlers' connections there (on PostgreSQL, the \
              first schema of their `search_path` that has an `inbox`)",
-            info.message()
+            message
         ),
-        Ok(InboxSeen::Ours) | Err(_) => return error,
-    };
+        Ok(InboxSeen::Ours) | Err(_) => return None,
+    })
+}
+
+/// Logs the first session the crate cannot work in at `ERROR`: later ones are retried
+/// quietly, as each delivery's error says the same.
+fn report_once(unsupported: &str) {
     static REPORTED: Once = Once::new();
     REPORTED.call_once(|| {
         tracing::error!(
@@ -53,5 +86,13 @@ where
             "messages are retried, not processed, until the session is fixed"
         );
     });
-    Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(unsupported))
+}
+
+/// Whether `message` says a statement named a column that the crate's inbox has, and
+/// the table found does not.
+fn lacks_inbox_column(message: &str) -> bool {
+    postgres::lacks_key_digest(message)
+        || postgres::lacks_claim_columns(message)
+        || mysql::lacks_key_digest(message)
+        || sqlite::lacks_claim_columns(message)
 }

@@ -584,10 +584,10 @@ async fn statements_stay_prepared() {
             assert!(outcome.is_ok(), "{outcome:?}");
         }
         for statement in [
-            "INSERT INTO inbox (message_id, consumer, lease_ends_at",
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at, claim_token",
             "UPDATE inbox SET lease_ends_at = NULL",
             "SELECT (SELECT lease_ends_at IS NULL FROM inbox",
-            "INSERT INTO inbox (message_id, consumer) SELECT pg_catalog.convert_from($1",
+            "INSERT INTO inbox (message_id, consumer, lease_ends_at) SELECT pg_catalog.convert_from($1",
             "FROM pg_catalog.unnest($2",
         ] {
             let prepared = format!(

@@ -40,7 +40,9 @@ impl Interrupting {
             statement.starts_with("INSERT INTO inbox")
                 && statement.contains(&format!("\"{}\"", common::keys::utf8_hex(key)))
                 && statement
-                    .matches("(UNHEX(CONVERT(? USING ascii)), UNHEX(CONVERT(? USING ascii)))")
+                    .matches(
+                        "(UNHEX(CONVERT(? USING ascii)), UNHEX(CONVERT(? USING ascii)), DEFAULT)",
+                    )
                     .count()
                     == 1
         })

@@ -71,6 +71,8 @@ pub(super) struct InsertMarkers {
     consumer: String,
     /// Whether each placeholder takes its text's bytes as hex digits (`UNHEX(?)`).
     hex: bool,
+    /// A column of the crate's inbox that each row also names, with its `DEFAULT`.
+    own_column: Option<&'static str>,
     suffix: &'static str,
 }
 
@@ -82,18 +84,26 @@ impl InsertMarkers {
             message_ids,
             consumer: consumer.to_owned(),
             hex: false,
+            own_column: None,
             suffix,
         }
     }
 
     /// The keys and the consumer bound as the hex digits of their bytes, which no
-    /// character set conversion changes (see `mysql/markers.rs`).
+    /// character set conversion changes (see `mysql/markers.rs`), each row naming
+    /// `own_column` too.
     #[cfg(feature = "mysql")]
-    pub(super) fn hex(message_ids: &[String], consumer: &str, suffix: &'static str) -> Self {
+    pub(super) fn hex(
+        message_ids: &[String],
+        consumer: &str,
+        own_column: &'static str,
+        suffix: &'static str,
+    ) -> Self {
         Self {
             message_ids: message_ids.iter().map(hex_digits).collect(),
             consumer: hex_digits(consumer),
             hex: true,
+            own_column: Some(own_column),
             suffix,
         }
     }
@@ -131,7 +141,12 @@ where
         } else {
             ("", "")
         };
-        out.push_sql("INSERT INTO inbox (message_id, consumer) VALUES ");
+        out.push_sql("INSERT INTO inbox (message_id, consumer");
+        if let Some(column) = self.own_column {
+            out.push_sql(", ");
+            out.push_sql(column);
+        }
+        out.push_sql(") VALUES ");
         for (n, message_id) in self.message_ids.iter().enumerate() {
             out.push_sql(if n == 0 { "(" } else { ", (" });
             out.push_sql(open);
@@ -141,6 +156,9 @@ where
             out.push_sql(open);
             out.push_bind_param::<Text, String>(&self.consumer)?;
             out.push_sql(close);
+            if self.own_column.is_some() {
+                out.push_sql(", DEFAULT");
+            }
             out.push_sql(")");
         }
         out.push_sql(self.suffix);

@@ -22,6 +22,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
+use crate::session_check;
 use crate::step::{Begun, Step};
 use crate::verdict::HandlerErrorType;
 
@@ -289,7 +290,13 @@ where
     }
     // Each claim statement must commit on its own, before the body's external call.
     enclosing_for_delivery(conn, consumer, [&key.message_id])?;
-    let (claim, sent) = match acquire(conn, consumer, &key, policy, fingerprint).await? {
+    let acquired = match acquire(conn, consumer, &key, policy, fingerprint).await {
+        Ok(acquired) => acquired,
+        // As in the other modes: a session that finds no inbox, or another table of that
+        // name, is retried with what to change, not dead-lettered.
+        Err(error) => return Err(session_check::explain(conn, error).await.into()),
+    };
+    let (claim, sent) = match acquired {
         Acquired::Held(claim, sent) => (claim, sent),
         Acquired::NotRun(not_run) => return Err(not_run),
     };

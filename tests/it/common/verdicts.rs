@@ -300,6 +300,7 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
         "{:?}",
         batch.err()
     );
+    assert_claim_retried(&mut conn, &Credit::numbered(0), "diesel_inbox::migrate").await;
     // Once the inbox is there, the retried messages apply once each.
     diesel_inbox::migrate(&mut conn).await.expect("migrate");
     assert_eq!(
@@ -313,31 +314,96 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 2).await, vec![2, 1]);
 }
 
+/// A claim-mode handler of the same credit, for the session checks.
+#[idempotent(consumer = "verdict_claim", key = credit.message_id.as_str(), claim)]
+async fn claim_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: diesel_async::AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    super::apply(conn, credit).await
+}
+
+/// The claim-mode handler's error on a session the crate cannot work in: retried, with
+/// `says` in it, never dead-lettered.
+async fn assert_claim_retried<C>(conn: &mut C, credit: &Credit, says: &str)
+where
+    C: diesel_async::AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    let claimed = claim_credit(conn, credit).await;
+    let error = claimed.as_ref().expect_err("no inbox of the crate's");
+    assert!(error.to_string().contains(says), "{error}");
+    assert_eq!(
+        retry_delay(&Disposition::of(&claimed)),
+        Some(None),
+        "{error}"
+    );
+}
+
 /// A session whose `inbox` is another table of that name (an application's own, or on
 /// PostgreSQL one found first on `search_path`) fails every call in the crate's own
 /// statement. Like a missing inbox, that is no message's fault: each is retried, with
-/// what to change, never dead-lettered.
+/// what to change, never dead-lettered. A table that looks like the crate's, with the
+/// key's columns but not the crate's unique index, took every delivery of a message as
+/// new on PostgreSQL and MySQL/MariaDB: processed each time.
 pub async fn a_foreign_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     create_tables(&db, 1).await;
     let mut conn = db.connect().await;
     conn.batch_execute("DROP TABLE inbox")
         .await
         .expect("drop the inbox");
-    conn.batch_execute("CREATE TABLE inbox (id BIGINT PRIMARY KEY, subject VARCHAR(100))")
-        .await
-        .expect("an application's inbox");
-    let single = credit(&mut conn, &Credit::numbered(0)).await;
-    let error = single.as_ref().expect_err("not the crate's inbox");
-    assert!(error.to_string().contains("is not the crate's"), "{error}");
-    assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
-    let batch = batch_credit(&mut conn, &[Credit::numbered(0)]).await;
-    assert_eq!(
-        retry_delay(&Disposition::of_batch(&batch)),
-        Some(None),
-        "{:?}",
-        batch.err()
-    );
-    assert_eq!(balances(&db, 1).await, vec![0]);
+    let sqlite = std::any::TypeId::of::<super::BackendOf<D>>()
+        == std::any::TypeId::of::<diesel::sqlite::Sqlite>();
+    for (table, unique) in [
+        (
+            "CREATE TABLE inbox (id BIGINT PRIMARY KEY, subject VARCHAR(100))",
+            true,
+        ),
+        (
+            "CREATE TABLE inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(255) NOT NULL)",
+            false,
+        ),
+        (
+            "CREATE TABLE inbox (message_id VARCHAR(255) NOT NULL, consumer VARCHAR(255) NOT NULL, \
+             CONSTRAINT inbox_own_key UNIQUE (message_id, consumer))",
+            true,
+        ),
+    ] {
+        conn.batch_execute(table).await.expect(table);
+        for _delivery in 0..2 {
+            let single = credit(&mut conn, &Credit::numbered(0)).await;
+            // SQLite's insert names the key's columns as its conflict target: a unique
+            // index on them keeps the messages apart, in the application's table.
+            if let (true, Ok(outcome)) = (unique && sqlite, &single) {
+                assert!(matches!(
+                    outcome,
+                    Outcome::Processed(()) | Outcome::Duplicate
+                ));
+                continue;
+            }
+            let error = single.as_ref().expect_err(table);
+            assert!(
+                error.to_string().contains("is not the crate's"),
+                "{table}: {error}"
+            );
+            assert_eq!(classify(error), ErrorClass::ConnectionUnusable, "{error}");
+        }
+        let batch = batch_credit(&mut conn, &[Credit::numbered(0)]).await;
+        assert!(
+            matches!(
+                Disposition::of_batch(&batch),
+                Disposition::Retry { after: None, .. } | Disposition::Ack
+            ),
+            "{table}: {:?}",
+            batch.err()
+        );
+        assert_claim_retried(&mut conn, &Credit::numbered(0), "is not the crate's").await;
+        assert!(balances(&db, 1).await[0] <= 1, "{table}: applied twice");
+        conn.batch_execute("DROP TABLE inbox")
+            .await
+            .expect("drop the table");
+    }
 }
 
 /// A connection that cannot be opened, and pools that cannot hand one out in time, are

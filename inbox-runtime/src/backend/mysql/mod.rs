@@ -128,6 +128,14 @@ pub(crate) fn is_read_only(message: &str) -> bool {
         })
 }
 
+/// A column of the crate's inbox that every marker insert names, with its `DEFAULT` (the
+/// only value a virtual column takes). An insert into another table called `inbox` that
+/// has no unique index (an application's own) would insert every time, every redelivery
+/// processed again; naming the column fails there instead, as [`lacks_key_digest`], and
+/// the session check says which table was found.
+#[cfg(feature = "mysql")]
+pub(crate) const OWN_COLUMN: &str = "key_digest";
+
 /// 1054 for the digest's column, on an inbox that this version's `migrate` has not
 /// reached yet (instances upgrading one by one, or a migration not yet applied):
 /// retried, since the next delivery finds it migrated. Every server language quotes the

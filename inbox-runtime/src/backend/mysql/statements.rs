@@ -19,6 +19,7 @@ use crate::backend::{
 };
 use crate::schema::INDEX_NAME;
 
+use super::OWN_COLUMN;
 use super::call::Call;
 use super::markers::{self, bytes_of_placeholder};
 
@@ -110,8 +111,8 @@ impl sealed::Sealed for Mysql {
             ),
         };
         let batch = format!(
-            "{BEGIN_WITH_SAVEPOINT}; INSERT INTO inbox ({columns}) \
-             VALUES (X'{}', X'{}'{fingerprint}); {AFTER_MARKER_INSERT}",
+            "{BEGIN_WITH_SAVEPOINT}; INSERT INTO inbox ({columns}, {OWN_COLUMN}) \
+             VALUES (X'{}', X'{}'{fingerprint}, DEFAULT); {AFTER_MARKER_INSERT}",
             hex_digits(&marker.message_id),
             hex_digits(marker.consumer),
         );
@@ -150,20 +151,22 @@ impl sealed::Sealed for Mysql {
         async move {
             let inserted = match fingerprint {
                 None => {
-                    InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, "")
+                    InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, OWN_COLUMN, "")
                         .execute(&mut *conn)
                         .await
                 }
                 Some(fingerprint) => {
                     Prepared(
                         diesel::sql_query(concat!(
-                            "INSERT INTO inbox (message_id, consumer, fingerprint) VALUES (",
+                            // `key_digest`, the `OWN_COLUMN`, with its `DEFAULT`.
+                            "INSERT INTO inbox (message_id, consumer, fingerprint, key_digest) \
+                             VALUES (",
                             bytes_of_placeholder!(),
                             ", ",
                             bytes_of_placeholder!(),
                             ", ",
                             bytes_of_placeholder!(),
-                            ")"
+                            ", DEFAULT)"
                         ))
                         .bind::<Text, _>(hex_digits(&message_id))
                         .bind::<Text, _>(hex_digits(consumer))
@@ -558,7 +561,7 @@ where
             conn.batch_execute(RECORD_MARKER_ID).await?;
             own_id = OwnId::Recorded;
         }
-        let insert = InsertMarkers::hex(&chunk, consumer, "");
+        let insert = InsertMarkers::hex(&chunk, consumer, OWN_COLUMN, "");
         match insert.execute(&mut *conn).await {
             Ok(_) => {
                 new.resize(new.len() + chunk.len(), true);
@@ -569,9 +572,14 @@ where
             Err(other) => return Err(other),
         }
         for message_id in chunk {
-            let inserted = match InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, "")
-                .execute(&mut *conn)
-                .await
+            let inserted = match InsertMarkers::hex(
+                std::slice::from_ref(&message_id),
+                consumer,
+                OWN_COLUMN,
+                "",
+            )
+            .execute(&mut *conn)
+            .await
             {
                 Ok(_) => true,
                 Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {

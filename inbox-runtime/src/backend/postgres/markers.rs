@@ -39,6 +39,13 @@ pub(super) const BEGIN_FLAGGED: &str = "BEGIN; SET LOCAL diesel_inbox.marker_tra
 /// the digest's.
 const ON_CONFLICT: &str = " ON CONFLICT DO NOTHING";
 
+/// A column of the crate's inbox that the inserts name, set as a transactional marker
+/// has it. Without a conflict target, an insert into another table called `inbox` (an
+/// application's own, first on `search_path`) that has no unique index would insert
+/// every time: every redelivery processed again. Naming the column fails there instead,
+/// and the session check says which table was found.
+const OWN_COLUMN: &str = "lease_ends_at";
+
 /// The row of the key whose UTF-8 bytes are bound as `$1`, and the consumer's as `$2`,
 /// found through the digest's index or 0.2's.
 pub(super) const BY_KEY: &str = "WHERE inbox_key_digest(consumer, message_id) = \
@@ -69,7 +76,9 @@ impl Behind {
     }
 }
 
-/// The marker's insert; its row count says whether the marker is new.
+/// The marker's insert; the row it returns, named, says the marker is new. (A row count
+/// would also count a row of whatever other statement a pooler that mixes up prepared
+/// statements ran in its place.)
 pub(super) struct MarkerInsert<'m> {
     marker: &'m Marker,
     behind: Behind,
@@ -85,6 +94,10 @@ impl QueryId for MarkerInsert<'_> {
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
+impl Query for MarkerInsert<'_> {
+    type SqlType = Untyped;
+}
+
 impl QueryFragment<Pg> for MarkerInsert<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let Marker {
@@ -93,15 +106,16 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
             fingerprint,
         } = self.marker;
         // 0.1's table has no fingerprint column: a marker without one names none.
-        out.push_sql(match fingerprint {
-            None => "INSERT INTO inbox (message_id, consumer)",
-            Some(_) => "INSERT INTO inbox (message_id, consumer, fingerprint)",
-        });
-        out.push_sql(" SELECT pg_catalog.convert_from(");
+        out.push_sql("INSERT INTO inbox (message_id, consumer, ");
+        out.push_sql(OWN_COLUMN);
+        if fingerprint.is_some() {
+            out.push_sql(", fingerprint");
+        }
+        out.push_sql(") SELECT pg_catalog.convert_from(");
         out.push_bind_param::<Bytea, [u8]>(message_id.as_bytes())?;
         out.push_sql(", 'UTF8'), pg_catalog.convert_from(");
         out.push_bind_param::<Bytea, [u8]>(consumer.as_bytes())?;
-        out.push_sql(", 'UTF8')");
+        out.push_sql(", 'UTF8'), NULL");
         if let Some(fingerprint) = fingerprint {
             // Hex digits, the same in every encoding.
             out.push_sql(", ");
@@ -109,6 +123,7 @@ impl QueryFragment<Pg> for MarkerInsert<'_> {
         }
         out.push_sql(self.behind.condition());
         out.push_sql(ON_CONFLICT);
+        out.push_sql(" RETURNING TRUE AS new_marker");
         Ok(())
     }
 }
@@ -174,12 +189,13 @@ impl Query for MarkersInsert<'_> {
 
 impl QueryFragment<Pg> for MarkersInsert<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("INSERT INTO inbox (message_id, consumer, ");
+        out.push_sql(OWN_COLUMN);
         out.push_sql(
-            "INSERT INTO inbox (message_id, consumer) \
-             SELECT pg_catalog.convert_from(message_id, 'UTF8'), pg_catalog.convert_from(",
+            ") SELECT pg_catalog.convert_from(message_id, 'UTF8'), pg_catalog.convert_from(",
         );
         out.push_bind_param::<Bytea, [u8]>(self.consumer.as_bytes())?;
-        out.push_sql(", 'UTF8') FROM pg_catalog.unnest(");
+        out.push_sql(", 'UTF8'), NULL FROM pg_catalog.unnest(");
         out.push_bind_param::<Array<Bytea>, Vec<&[u8]>>(&self.message_ids)?;
         out.push_sql("::bytea[]) AS batch (message_id)");
         out.push_sql(self.behind.condition());
@@ -202,8 +218,15 @@ pub(super) async fn insert_marker<C>(conn: &mut C, insert: MarkerInsert<'_>) -> 
 where
     C: AsyncConnectionCore<Backend = Pg>,
 {
+    #[derive(diesel::QueryableByName)]
+    struct Inserted {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        #[expect(dead_code, reason = "the column's name is what is checked")]
+        new_marker: bool,
+    }
     let marker = insert.marker;
-    if insert.execute(conn).await? > 0 {
+    let inserted: Vec<Inserted> = insert.load(conn).await?;
+    if !inserted.is_empty() {
         return Ok(true);
     }
     let processed = confirm_duplicate(conn, &marker.message_id, marker.consumer).await?;

@@ -63,6 +63,20 @@ pub(crate) fn lacks_claim_columns(message: &str) -> bool {
     message.contains("\"lease_ends_at\"")
 }
 
+/// A pooler between the client and the server that hands one client's prepared
+/// statements to another: PgBouncer in transaction pool mode (before 1.21, or without
+/// `max_prepared_statements`) or in statement pool mode. The server finds a statement
+/// missing (26000), already there (42P05) or taking other parameters (08P01), or
+/// PgBouncer refuses a transaction block. No message is at fault; and where a statement
+/// can run as another, no handler can be trusted on the connection.
+pub(crate) fn is_shared_statements(message: &str) -> bool {
+    (message.starts_with("prepared statement \"")
+        && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
+        || (message.starts_with("bind message supplies ")
+            && message.contains(" parameters, but prepared statement \""))
+        || message == "transaction blocks not allowed in statement pooling mode"
+}
+
 /// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
 /// `default_transaction_read_only` set during a failover. Another connection, or this
 /// one later, can take it.

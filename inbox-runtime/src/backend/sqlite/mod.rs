@@ -20,6 +20,14 @@ pub(crate) fn is_transient(message: &str) -> bool {
     message == "database is locked" || message.starts_with("database table is locked")
 }
 
+/// A statement that names a claim column, on an inbox of 0.1 that this version's
+/// `migrate` has not reached yet: retried, as on PostgreSQL. A read says "no such
+/// column", an insert that the table "has no column named" it.
+pub(crate) fn lacks_claim_columns(message: &str) -> bool {
+    (message.starts_with("no such column:") || message.starts_with("table inbox has no column"))
+        && message.ends_with("lease_ends_at")
+}
+
 /// `SQLITE_READONLY`: the database file cannot be written now (its directory or file
 /// lost write permission, or it is opened read-only); the message is not at fault.
 pub(crate) fn is_read_only(message: &str) -> bool {

@@ -55,9 +55,12 @@ impl sealed::Sealed for Sqlite {
                     format!(", {}", text_literal(fingerprint).expect("hex digits")),
                 ),
             };
+            // Naming a claim column, which only the crate's inbox has: a plain INSERT
+            // into another table called `inbox` without the unique index would insert
+            // every time, every redelivery processed again.
             format!(
-                "BEGIN; INSERT INTO inbox ({columns}) \
-                 VALUES ({message_id}, {consumer}{fingerprint}); SAVEPOINT {}",
+                "BEGIN; INSERT INTO inbox ({columns}, lease_ends_at) \
+                 VALUES ({message_id}, {consumer}{fingerprint}, NULL); SAVEPOINT {}",
                 savepoint!(),
             )
         });
@@ -66,13 +69,13 @@ impl sealed::Sealed for Sqlite {
             enter_transaction(conn)?;
             let (message_id, consumer) = (marker.message_id.clone(), marker.consumer);
             let inserted = match batch {
-                Some(batch) => conn.batch_execute(&batch).await,
+                Some(batch) => conn.batch_execute(&batch).await.map(|()| true),
                 None => insert_bound(conn, marker).await,
             };
             let inserted = match inserted {
-                Ok(()) => Ok(true),
+                Ok(true) => Ok(true),
                 // Only the insert writes to a unique index.
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                Ok(false) | Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
                     met_processed(conn, vec![message_id], consumer)
                         .await
                         .map(|()| false)
@@ -335,30 +338,39 @@ where
 /// Whether `error` says the inbox has no claim columns: a table of 0.1, which `migrate`
 /// has not reached yet while handlers of this version run against it.
 fn lacks_claim_columns(error: &Error) -> bool {
-    matches!(error, Error::DatabaseError(_, info)
-        if info.message().starts_with("no such column:")
-            && info.message().ends_with("lease_ends_at"))
+    matches!(error, Error::DatabaseError(_, info) if super::lacks_claim_columns(info.message()))
 }
 
-async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<()>
+/// The insert of a key that no SQL text can carry, bound: whether the marker is new. Its
+/// conflict target is the crate's unique index, which another table called `inbox`
+/// lacks.
+async fn insert_bound<C>(conn: &mut C, marker: Marker) -> QueryResult<bool>
 where
     C: AsyncConnection<Backend = Sqlite>,
 {
     conn.batch_execute("BEGIN").await?;
-    match marker.fingerprint {
+    let inserted = match marker.fingerprint {
         None => {
             plain_insert(marker.message_id, marker.consumer)
+                .on_conflict((inbox::message_id, inbox::consumer))
+                .do_nothing()
                 .execute(&mut *conn)
                 .await?
         }
         Some(fingerprint) => {
             fingerprinted_insert(marker.message_id, marker.consumer, fingerprint)
+                .on_conflict((inbox::message_id, inbox::consumer))
+                .do_nothing()
                 .execute(&mut *conn)
                 .await?
         }
     };
+    if inserted == 0 {
+        return Ok(false);
+    }
     conn.batch_execute(concat!("SAVEPOINT ", savepoint!()))
         .await
+        .map(|()| true)
 }
 
 impl SavepointBackend for Sqlite {
