@@ -42,9 +42,13 @@ pub enum Disposition {
 impl Disposition {
     /// Settles a handler's result: `Processed` and `Duplicate` are [`Disposition::Ack`],
     /// `InProgress` is [`Disposition::Retry`] once the holder's lease has run out; an
-    /// error by its [`Classify`] verdict: `InboxDuplicate` is `Ack`, `Transient` and
-    /// `ConnectionUnusable` are `Retry` (after the error's
-    /// [`retry_after`](Classify::retry_after)), `Permanent` is `DeadLetter`. An error
+    /// error by its [`Classify`] verdict: `Transient` and `ConnectionUnusable` are
+    /// `Retry` (after the error's [`retry_after`](Classify::retry_after)), `Permanent`
+    /// and `InboxDuplicate` are `DeadLetter`. A handler answers its own marker's
+    /// duplicate with `Ok(Outcome::Duplicate)`: a unique violation of an inbox index in
+    /// its error came from its body's own statements (a marker of another consumer, or
+    /// on SQLite any table called `inbox`), which rolled back, and acknowledging it
+    /// would lose the message. An error
     /// with no database, connection or pool error inside is the handler's own verdict on
     /// the message, and is dead-lettered unless it says otherwise
     /// ([`Classified`](crate::Classified), or its own [`Classify`] impl).
@@ -69,7 +73,6 @@ impl Disposition {
         E: Classify + fmt::Display + ?Sized,
     {
         match error.class() {
-            ErrorClass::InboxDuplicate => Self::Ack,
             class if class.is_retryable() => Self::Retry {
                 after: error.retry_after(),
                 reason: error.to_string(),
@@ -211,12 +214,15 @@ mod tests {
             )),
             ErrorClass::InboxDuplicate
         );
+        // Never from a handler's own marker, which is `Ok(Duplicate)`: not acknowledged.
         assert_eq!(
             of(database(
                 DatabaseErrorKind::UniqueViolation,
                 inbox_duplicate
             )),
-            Disposition::Ack
+            Disposition::DeadLetter {
+                reason: String::from(inbox_duplicate)
+            }
         );
 
         let deadlock = database(DatabaseErrorKind::Unknown, "deadlock detected");

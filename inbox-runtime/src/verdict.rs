@@ -61,9 +61,10 @@ use crate::classify::{ErrorClass, classify, classify_text};
 /// }
 /// ```
 pub trait Classify {
-    /// What the error means for its message: acknowledge it
-    /// ([`ErrorClass::InboxDuplicate`]), deliver it again ([`ErrorClass::Transient`],
-    /// [`ErrorClass::ConnectionUnusable`]) or dead-letter it ([`ErrorClass::Permanent`]).
+    /// What the error means for its message: deliver it again
+    /// ([`ErrorClass::Transient`], [`ErrorClass::ConnectionUnusable`]) or dead-letter it
+    /// ([`ErrorClass::Permanent`]; [`Disposition`](crate::Disposition) dead-letters an
+    /// [`ErrorClass::InboxDuplicate`] too, which no handler's own marker gives).
     fn class(&self) -> ErrorClass;
 
     /// For a retryable error, how long to wait before the next delivery, when the error

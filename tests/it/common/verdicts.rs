@@ -314,6 +314,41 @@ pub async fn a_missing_inbox_is_retried_with_what_to_do<D: TestDb>(db: D) {
     assert_eq!(balances(&db, 2).await, vec![2, 1]);
 }
 
+/// A handler whose body also marks the message done for another consumer, `audit`, as
+/// a body may: its unique violation when `audit` has the message already is the body's.
+#[idempotent(consumer = "verdict_marks_audit", key = credit.message_id.as_str())]
+async fn credit_and_mark_audit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
+where
+    C: diesel_async::AsyncConnection,
+    C::Backend: InboxBackend,
+{
+    super::apply(conn, credit).await?;
+    conn.batch_execute(&format!(
+        "INSERT INTO inbox (message_id, consumer) VALUES ('{}', 'audit')",
+        credit.message_id
+    ))
+    .await
+}
+
+/// A unique violation of the inbox's index that the body's own statement raised rolls
+/// the body back: the message is not processed, so it must not be acknowledged. It was:
+/// every error of that class was `Ack`, and the message was lost.
+pub async fn a_body_meeting_the_inbox_index_is_not_acknowledged<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut conn = db.connect().await;
+    conn.batch_execute("INSERT INTO inbox (message_id, consumer) VALUES ('msg-0', 'audit')")
+        .await
+        .expect("audit's marker");
+    let result = credit_and_mark_audit(&mut conn, &Credit::numbered(0)).await;
+    let error = result.as_ref().expect_err("audit has the message");
+    assert!(
+        matches!(Disposition::of(&result), Disposition::DeadLetter { .. }),
+        "{error}: {:?}",
+        Disposition::of(&result)
+    );
+    assert_eq!(balances(&db, 1).await, vec![0], "rolled back");
+}
+
 /// A claim-mode handler of the same credit, for the session checks.
 #[idempotent(consumer = "verdict_claim", key = credit.message_id.as_str(), claim)]
 async fn claim_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
@@ -549,6 +584,7 @@ macro_rules! verdict_scenarios {
         verdict_scenarios!(@test $db; anyhow_handlers_are_settled($lock_wait));
         verdict_scenarios!(@test $db; a_missing_inbox_is_retried_with_what_to_do());
         verdict_scenarios!(@test $db; a_foreign_inbox_is_retried_with_what_to_do());
+        verdict_scenarios!(@test $db; a_body_meeting_the_inbox_index_is_not_acknowledged());
         verdict_scenarios!(@test $db; read_only_session_is_retried($read_only));
     };
     (
