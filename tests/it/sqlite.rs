@@ -271,3 +271,49 @@ async fn fast_path_never_trusts_an_uncommitted_marker() {
     .await;
     db.cleanup().await;
 }
+
+/// SQLite ends the transaction itself on some errors, a full database among them: the
+/// handler reports that error, which is retried, not diesel's "Cannot perform this
+/// operation outside of a transaction" from the rollback after it, which replaced it
+/// and was dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_sqlite_ended_reports_why() {
+    let Some(db) = create("sqlite_ended_the_transaction").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        let pages = select_i64(&mut conn, "SELECT page_count FROM pragma_page_count()")
+            .await
+            .expect("page count");
+        conn.batch_execute(&format!("PRAGMA max_page_count = {pages}"))
+            .await
+            .expect("a database that cannot grow");
+        let key = "k".repeat(400);
+        let mut full = None;
+        for n in 0..200 {
+            match common::credit(&mut conn, &Credit::of(&format!("{key}-{n}"), 0)).await {
+                Ok(outcome) => assert_eq!(outcome, Outcome::Processed(())),
+                Err(error) => {
+                    full = Some(error);
+                    break;
+                }
+            }
+        }
+        let error = full.expect("the database filled up");
+        assert!(
+            error.to_string().contains("database or disk is full"),
+            "{error}"
+        );
+        assert!(classify(&error).is_retryable(), "{error}");
+        // Once there is room again, the message is processed.
+        conn.batch_execute("PRAGMA max_page_count = 1000000")
+            .await
+            .expect("room");
+        let retried = common::credit(&mut conn, &Credit::of(&format!("{key}-again"), 0)).await;
+        assert_eq!(retried.expect("room again"), Outcome::Processed(()));
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -209,7 +209,9 @@ pub(crate) fn enter_transaction<C: diesel_async::AsyncConnection>(
 
 /// Ends the transaction that `begin_with_marker` opened unless it inserted the marker
 /// (`Ok(true)`, returned as it is): a duplicate, or an error, which explains more than
-/// a rollback that failed because the connection was already broken.
+/// a rollback that failed because the connection was already broken, or found no
+/// transaction, which the database ended itself on that error (SQLite on a full
+/// database, and diesel noticed).
 pub(crate) async fn end_unless_inserted<C: diesel_async::AsyncConnection>(
     conn: &mut C,
     inserted: diesel::QueryResult<bool>,
@@ -224,8 +226,10 @@ pub(crate) async fn end_unless_inserted<C: diesel_async::AsyncConnection>(
         inserted,
         C::TransactionManager::rollback_transaction(conn).await,
     ) {
-        (Ok(_), Ok(())) => Ok(false),
-        (Err(error), Ok(()) | Err(Error::BrokenTransactionManager)) => Err(error),
+        (Ok(_), Ok(()) | Err(Error::NotInTransaction)) => Ok(false),
+        (Err(error), Ok(()) | Err(Error::BrokenTransactionManager | Error::NotInTransaction)) => {
+            Err(error)
+        }
         (_, Err(rollback)) => Err(rollback),
     }
 }

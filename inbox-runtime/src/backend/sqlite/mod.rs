@@ -15,9 +15,15 @@ pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
     info.message() == "UNIQUE constraint failed: inbox.message_id, inbox.consumer"
 }
 
-/// `SQLITE_BUSY` and `SQLITE_LOCKED`, which diesel reports as `Unknown`.
+/// `SQLITE_BUSY` and `SQLITE_LOCKED` (a table's, or in a shared cache the schema's,
+/// while another connection changes it), which diesel reports as `Unknown`; and
+/// `SQLITE_FULL`, a full disk or `max_page_count`, which no message causes and which
+/// room made later gets past.
 pub(crate) fn is_transient(message: &str) -> bool {
-    message == "database is locked" || message.starts_with("database table is locked")
+    message == "database is locked"
+        || message.starts_with("database table is locked")
+        || message.starts_with("database schema is locked")
+        || message == "database or disk is full"
 }
 
 /// A statement that names a claim column, on an inbox of 0.1 that this version's
