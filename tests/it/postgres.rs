@@ -774,7 +774,7 @@ async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
 /// A withdrawal-like claim-mode handler: never taken over once its lease ran out, and
 /// its body started once at most.
 #[idempotent(consumer = "stalled-claim", key = key, claim, takeover = false,
-    max_attempts = 1, lease = Duration::from_millis(20))]
+    max_attempts = 1, lease = Duration::from_millis(500))]
 async fn stalled_claim(
     conn: &mut AsyncPgConnection,
     key: &str,
@@ -798,10 +798,11 @@ async fn a_claim_given_up_before_its_body_is_released() {
     bounded(async {
         let mut conn = db.connect().await;
         // Every write to the claim stalls past half its lease, as a Galera commit
-        // waiting out a dead peer does.
+        // waiting out a dead peer does. (A lease of 500 ms, so that a loaded machine's
+        // own delays stay well within the other half.)
         conn.batch_execute(
             "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$; \
+             $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$; \
              CREATE TRIGGER stall BEFORE INSERT OR UPDATE ON inbox FOR EACH ROW \
              WHEN (NEW.consumer = 'stalled-claim' AND NEW.claim_token IS NOT NULL) \
              EXECUTE FUNCTION stall()",
@@ -817,7 +818,8 @@ async fn a_claim_given_up_before_its_body_is_released() {
         conn.batch_execute("DROP TRIGGER stall ON inbox")
             .await
             .expect("the stall ends");
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        // Past the lease: a claim left held would be quarantined now.
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let redelivered = stalled_claim(&mut conn, "m-1", &runs).await;
         assert_eq!(redelivered, Ok(Outcome::Processed(())));
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
