@@ -4,7 +4,6 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::batch::BatchOutcome;
-use crate::classify::ErrorClass;
 use crate::outcome::Outcome;
 use crate::verdict::Classify;
 
@@ -110,7 +109,7 @@ mod tests {
     use diesel::result::{DatabaseErrorKind, Error};
 
     use super::*;
-    use crate::classify::classify;
+    use crate::classify::{ErrorClass, classify};
 
     fn database(kind: DatabaseErrorKind, message: &str) -> Error {
         Error::DatabaseError(kind, Box::new(message.to_owned()))

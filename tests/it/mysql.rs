@@ -1425,3 +1425,43 @@ lost_connection_scenario!(
     own_id = "SELECT CAST(CONNECTION_ID() AS SIGNED)",
     kill = "KILL {id}",
 );
+
+/// A pruner whose session has autocommit off (a server's default, an `init_connect`):
+/// each batch's DELETE opened a transaction that nothing committed. `prune` returned the
+/// count, nothing was deleted, and its locks, held while the connection idled, stopped
+/// every handler's marker insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prune_with_autocommit_off_commits() {
+    let Some(db) = create("prune_autocommit_off").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        conn.batch_execute(
+            "INSERT INTO inbox (message_id, consumer, processed_at) VALUES \
+             ('old-1', 'c', UTC_TIMESTAMP(6) - INTERVAL 2 DAY), \
+             ('old-2', 'c', UTC_TIMESTAMP(6) - INTERVAL 2 DAY)",
+        )
+        .await
+        .expect("old markers");
+        let mut pruner = db.connect().await;
+        pruner
+            .batch_execute("SET autocommit = 0")
+            .await
+            .expect("autocommit off");
+        let pruned = diesel_inbox::prune(&mut pruner, Duration::from_secs(3600)).await;
+        assert_eq!(pruned, Ok(2));
+        let left = select_i64(&mut conn, "SELECT COUNT(*) FROM inbox").await;
+        assert_eq!(left, Ok(0), "the deletes are committed");
+        // A handler's marker goes in while the pruner's connection idles.
+        conn.batch_execute("SET innodb_lock_wait_timeout = 2")
+            .await
+            .expect("a short wait");
+        let credited = common::credit(&mut conn, &Credit::numbered(0)).await;
+        assert_eq!(credited, Ok(Outcome::Processed(())));
+        drop(pruner);
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -45,9 +45,10 @@ impl Call {
     where
         C: AsyncConnection<Backend = Mysql>,
     {
-        let committed = match statement {
-            Ok(result) if self.commits => conn.batch_execute("COMMIT").await.map(|()| result),
-            other => other,
+        let committed = if self.commits {
+            committed(conn, statement).await
+        } else {
+            statement
         };
         self.answered(conn, committed)
     }
@@ -60,5 +61,22 @@ impl Call {
     ) -> QueryResult<T> {
         self.in_flight.answered(conn);
         result
+    }
+}
+
+/// `statement`'s result, once what it did is committed, for a statement sent where no
+/// transaction is open: where the session has autocommit off, it opened one, which
+/// nothing else would end (see [`Call::committed`]). One that failed is rolled back:
+/// what it locked before it failed would stay locked otherwise.
+pub(super) async fn committed<T, C>(conn: &mut C, statement: QueryResult<T>) -> QueryResult<T>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    match statement {
+        Ok(result) => conn.batch_execute("COMMIT").await.map(|()| result),
+        Err(error) => {
+            let _explained_by_error = conn.batch_execute("ROLLBACK").await;
+            Err(error)
+        }
     }
 }

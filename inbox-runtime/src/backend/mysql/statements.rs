@@ -20,7 +20,7 @@ use crate::backend::{
 use crate::schema::INDEX_NAME;
 
 use super::OWN_COLUMN;
-use super::call::Call;
+use super::call::{Call, committed};
 use super::markers::{self, bytes_of_placeholder};
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
@@ -260,12 +260,16 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        Prepared(diesel::sql_query(
+        // Each of a prune's statements commits what it opened where autocommit is off:
+        // a DELETE's locks left held would stop every handler's marker insert, and a
+        // read's hold on the table any change of it.
+        let bounds = Prepared(diesel::sql_query(
             "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox",
         ))
         .get_result::<PruneBounds>(conn)
         .await
-        .optional()
+        .optional();
+        committed(conn, bounds).await
     }
 
     async fn first_marker_from<C>(
@@ -276,7 +280,7 @@ impl sealed::Sealed for Mysql {
     where
         C: AsyncConnection<Backend = Self>,
     {
-        Prepared(
+        let first = Prepared(
             diesel::sql_query(
                 "SELECT id, processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS old \
              FROM inbox WHERE id >= ? ORDER BY id LIMIT 1",
@@ -286,7 +290,8 @@ impl sealed::Sealed for Mysql {
         )
         .get_result::<MarkerAge>(conn)
         .await
-        .optional()
+        .optional();
+        committed(conn, first).await
     }
 
     async fn prune_batch<C>(
@@ -300,7 +305,7 @@ impl sealed::Sealed for Mysql {
     {
         // A range of the primary key: concurrent pruners lock it in the same order,
         // so one waits for another instead of deadlocking, then finds those rows gone.
-        Prepared(
+        let deleted = Prepared(
             diesel::sql_query(
                 "DELETE FROM inbox WHERE id >= ? AND id < ? \
              AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
@@ -310,8 +315,9 @@ impl sealed::Sealed for Mysql {
             .bind::<BigInt, _>(to)
             .bind::<BigInt, _>(window_micros),
         )
-        .execute(conn)
-        .await
+        .execute(&mut *conn)
+        .await;
+        committed(conn, deleted).await
     }
 
     async fn migrate<C>(conn: &mut C) -> QueryResult<()>
