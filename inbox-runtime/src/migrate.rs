@@ -9,6 +9,11 @@ use crate::backend::sealed::Sealed as _;
 /// Idempotent, and safe to call from several instances at once: each instance can call
 /// it at start-up. It runs the same SQL as the migration folders shipped in
 /// `migrations/<backend>/`, which you can copy into your own diesel migrations instead.
+///
+/// Each schema change waits at most a second at a time for its table's lock, and is
+/// tried again after a pause, for about half a minute: handlers wait behind a schema
+/// change while it waits, so a transaction left open on the table holds up `migrate`,
+/// not them.
 pub async fn migrate<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection,

@@ -1390,6 +1390,17 @@ async fn migrate_with_nothing_to_do_needs_no_ddl_rights() {
     db.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_waits_for_its_lock_a_second_at_a_time() {
+    if let Some(db) = create("migrate_lock_waits").await {
+        bounded(common::migrate_waits_for_its_lock_a_second_at_a_time(
+            db.clone(),
+        ))
+        .await;
+        db.cleanup().await;
+    }
+}
+
 /// `migrate`, `outbox::migrate` and `upgrade_unique_index` refuse a connection inside a
 /// transaction, a test transaction's included: MySQL commits the open transaction
 /// before each schema change, so a test's writes ended unseen, with `Ok`, and the

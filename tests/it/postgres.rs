@@ -771,6 +771,66 @@ async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
     db.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_waits_for_its_lock_a_second_at_a_time() {
+    if let Some(db) = create("migrate_lock_waits").await {
+        bounded(common::migrate_waits_for_its_lock_a_second_at_a_time(
+            db.clone(),
+        ))
+        .await;
+        db.cleanup().await;
+    }
+}
+
+/// `outbox::migrate` on an outbox it has to change waits for the table's lock a second at
+/// a time: its `CREATE INDEX IF NOT EXISTS` waited for as long as a transaction stayed
+/// open on the outbox, and every enqueue waited behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outbox_migrate_waits_for_its_lock_a_second_at_a_time() {
+    let Some(db) = create("outbox_migrate_lock_waits").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        diesel_inbox::outbox::migrate(&mut conn)
+            .await
+            .expect("the outbox");
+        conn.batch_execute("DROP INDEX ix_inbox_outbox_sent")
+            .await
+            .expect("an outbox that lacks an index");
+        let enqueue = "INSERT INTO inbox_outbox (message_id, destination, routing_key, \
+                       headers, payload) VALUES ('m', 'd', '', '', '')";
+        let mut held = db.connect().await;
+        held.batch_execute(&format!("BEGIN; {enqueue}"))
+            .await
+            .expect("a transaction left open on the outbox");
+        let holding = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            held.batch_execute("ROLLBACK").await
+        });
+        let migrating = tokio::spawn({
+            let db = db.clone();
+            async move { diesel_inbox::outbox::migrate(&mut db.connect().await).await }
+        });
+        // Time for migrate's schema change to queue up for the table's lock.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        conn.batch_execute(enqueue).await.expect("an enqueue");
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_millis(2500),
+            "an enqueue waited {waited:?} behind migrate"
+        );
+        holding.await.unwrap().expect("end the open transaction");
+        migrating
+            .await
+            .unwrap()
+            .expect("migrate, once the transaction ended");
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// A withdrawal-like claim-mode handler: never taken over once its lease ran out, and
 /// its body started once at most.
 #[idempotent(consumer = "stalled-claim", key = key, claim, takeover = false,

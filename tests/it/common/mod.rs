@@ -1178,6 +1178,50 @@ pub async fn migrate_is_idempotent_and_concurrent<D: TestDb>(db: D) {
     assert_eq!(classify(&error), ErrorClass::InboxDuplicate);
 }
 
+/// `migrate` on an inbox it has to change waits for the table's lock a second at a time,
+/// so that handlers never queue behind its `ALTER TABLE` for longer. It waited for as
+/// long as a transaction stayed open on the inbox, and every handler waited behind it.
+pub async fn migrate_waits_for_its_lock_a_second_at_a_time<D: TestDb>(db: D) {
+    create_tables(&db, 1).await;
+    let mut held = db.connect().await;
+    held.batch_execute(
+        "ALTER TABLE inbox DROP COLUMN lease_ends_at, DROP COLUMN claim_token, \
+         DROP COLUMN attempts, DROP COLUMN fingerprint",
+    )
+    .await
+    .expect("an inbox of 0.1, which migrate changes");
+    held.batch_execute("BEGIN; INSERT INTO inbox (message_id, consumer) VALUES ('held', 'held')")
+        .await
+        .expect("a transaction left open on the inbox");
+    let holding = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        held.batch_execute("ROLLBACK").await
+    });
+    let migrating = tokio::spawn({
+        let db = db.clone();
+        async move { diesel_inbox::migrate(&mut db.connect().await).await }
+    });
+    // Time for migrate's schema change to queue up for the table's lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = db.connect().await;
+    let started = std::time::Instant::now();
+    let outcome = credit(&mut conn, &Credit::numbered(0)).await;
+    let waited = started.elapsed();
+    assert_eq!(outcome, Ok(Outcome::Processed(())));
+    assert!(
+        waited < Duration::from_millis(2500),
+        "a handler waited {waited:?} behind migrate"
+    );
+    holding.await.unwrap().expect("end the open transaction");
+    migrating
+        .await
+        .unwrap()
+        .expect("migrate, once the transaction ended");
+    select_i64(&mut conn, "SELECT COUNT(lease_ends_at) FROM inbox")
+        .await
+        .expect("the claim columns are back");
+}
+
 #[idempotent(consumer = "adaptive", key = credit.message_id.as_str())]
 pub async fn adaptive_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
 where

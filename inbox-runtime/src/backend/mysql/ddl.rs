@@ -11,7 +11,7 @@ use diesel::sql_types::{BigInt, Nullable};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 /// Attempts at a statement that waits for a lock, each for a second at most, before the
-/// upgrade reports the time-out.
+/// time-out is reported.
 const LOCK_ATTEMPTS: u32 = 30;
 
 /// The named lock that lets one upgrade run at a time on a server.

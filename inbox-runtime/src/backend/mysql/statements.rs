@@ -21,6 +21,7 @@ use crate::schema::INDEX_NAME;
 
 use super::OWN_COLUMN;
 use super::call::{Call, committed};
+use super::ddl;
 use super::markers::{self, bytes_of_placeholder};
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
@@ -362,7 +363,7 @@ where
     // name" is success for us, so it is checked again rather than reported.
     if !inbox_index_exists(conn).await? {
         let create = format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
-        match conn.batch_execute(&create).await {
+        match ddl::with_short_lock_waits(conn, &create).await {
             Err(_) if inbox_index_exists(conn).await? => {}
             result => result?,
         }
@@ -371,12 +372,8 @@ where
     // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
     // name" is success for us, so the columns are counted again.
     if !claim_columns_exist(conn).await? {
-        match conn
-            .batch_execute(include_str!(
-                "../../../migrations/mysql/2026-12-01-000000_claims/up.sql"
-            ))
-            .await
-        {
+        let add_columns = include_str!("../../../migrations/mysql/2026-12-01-000000_claims/up.sql");
+        match ddl::with_short_lock_waits(conn, add_columns).await {
             Err(_) if claim_columns_exist(conn).await? => {}
             result => result?,
         }
@@ -386,10 +383,9 @@ where
     // an `ALTER TABLE`, even one with nothing to do, waits for every open
     // transaction on the table. Two instances setting it at once set the same.
     if !stamped_in_utc(conn).await? {
-        conn.batch_execute(include_str!(
-            "../../../migrations/mysql/2026-12-07-000000_utc_clock/up.sql"
-        ))
-        .await?;
+        let stamp_in_utc =
+            include_str!("../../../migrations/mysql/2026-12-07-000000_utc_clock/up.sql");
+        ddl::with_short_lock_waits(conn, stamp_in_utc).await?;
     }
     Ok(())
 }

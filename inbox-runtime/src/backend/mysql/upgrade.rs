@@ -55,7 +55,7 @@ where
     let state = digest_state(conn).await?;
     if !state.column {
         // A concurrent migration's 1060 "Duplicate column name" is success for us.
-        match conn.batch_execute(ADD_DIGEST_COLUMN).await {
+        match ddl::with_short_lock_waits(conn, ADD_DIGEST_COLUMN).await {
             Err(_) if digest_state(conn).await?.column => {}
             result => result?,
         }

@@ -107,6 +107,8 @@ mod catalog;
 #[cfg(feature = "postgres")]
 mod claims;
 #[cfg(feature = "postgres")]
+mod ddl;
+#[cfg(feature = "postgres")]
 mod markers;
 #[cfg(feature = "postgres")]
 mod outbox;

@@ -7,7 +7,7 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bytea, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::catalog;
+use super::{catalog, ddl};
 use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OutboxStatements, OutgoingRow, due,
 };
@@ -62,12 +62,13 @@ impl OutboxStatements for Pg {
         if catalog::holds(conn, &present.join(" AND ")).await? {
             return Ok(());
         }
-        // One simple query is one transaction: the advisory lock is held until the
-        // tables exist, so that concurrent `CREATE … IF NOT EXISTS` never collide.
-        conn.batch_execute(&format!(
-            "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {}",
-            include_str!("../../../migrations/postgres/2026-12-04-000000_outbox/up.sql")
-        ))
+        // The advisory lock is held until the tables exist, so that concurrent
+        // `CREATE … IF NOT EXISTS` never collide.
+        ddl::with_short_lock_waits(
+            conn,
+            Some(MIGRATE_LOCK),
+            include_str!("../../../migrations/postgres/2026-12-04-000000_outbox/up.sql"),
+        )
         .await
     }
 

@@ -8,9 +8,9 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
-use super::catalog;
 use super::markers::{self, Behind};
 use super::{ABORTED_TRANSACTION, MIGRATE_LOCK};
+use super::{catalog, ddl};
 use crate::backend::prepared::Prepared;
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
 use crate::backend::{
@@ -219,25 +219,24 @@ impl sealed::Sealed for diesel::pg::Pg {
             "pg_catalog.current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')".to_owned(),
         ];
         if !catalog::holds(conn, &present.join(" AND ")).await? {
-            conn.batch_execute(&migration()).await?;
+            ddl::with_short_lock_waits(conn, Some(MIGRATE_LOCK), &migration()).await?;
         }
         super::upgrade::migrate_key_digest(conn).await?;
         warn_unless_english(conn).await
     }
 }
 
-/// The first two migrations in one transaction, under the migration lock: the table
+/// The first two migrations, for one transaction under the migration lock: the table
 /// and its index where missing, then 0.2's columns where one is missing (an
 /// `ALTER TABLE`, even one with nothing to add, waits for every open handler's
 /// transaction and holds up the new ones behind it).
 ///
-/// One simple query runs as one transaction, so the advisory lock is held until the
-/// tables exist. Sent as a single batch rather than through
+/// Sent as one simple query, which runs as one transaction, rather than through
 /// `AsyncConnection::transaction`, whose future rustc cannot prove `Send` for a concrete
 /// connection (rust-lang/rust#100013): `migrate` must be spawnable.
 fn migration() -> String {
     format!(
-        "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {create} \
+        "{create} \
              DO $inbox_upgrade$ BEGIN \
              IF (SELECT COUNT(*) FROM pg_attribute WHERE attrelid = 'inbox'::regclass \
              AND attname IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint') \

@@ -10,7 +10,7 @@ use diesel::QueryResult;
 use diesel::sql_types::Bool;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::MIGRATE_LOCK;
+use super::{MIGRATE_LOCK, ddl};
 use crate::schema::IndexUpgrade;
 
 /// The `key_digest` migration: the digest function, and its index where the inbox is
@@ -23,13 +23,6 @@ const BUILDING: &str = "ux_inbox_key_digest";
 
 /// 0.2's index's name between the swap and its drop.
 const RETIRED: &str = "ux_inbox_message_consumer_0_2";
-
-/// Longest wait for the table's lock when swapping the indexes: handlers wait behind the
-/// swap while it waits, so it gives up instead, and tries again.
-const SWAP_LOCK_TIMEOUT: &str = "1s";
-
-/// Attempts at the swap before the upgrade reports the lock time-out.
-const SWAP_ATTEMPTS: u32 = 30;
 
 /// Lets one upgrade run at a time, and a call after one cut short wait for the server to
 /// end the statement the first left running (a build whose client is gone runs to its
@@ -75,11 +68,7 @@ where
     if state.function && state.index {
         return Ok(());
     }
-    // One simple query is one transaction: the lock serialises concurrent migrations.
-    conn.batch_execute(&format!(
-        "SELECT pg_advisory_xact_lock({MIGRATE_LOCK}); {KEY_DIGEST}"
-    ))
-    .await?;
+    ddl::with_short_lock_waits(conn, Some(MIGRATE_LOCK), KEY_DIGEST).await?;
     if !digest_state(conn).await?.index {
         crate::backend::warn_of_the_index_of_0_2(88, 41);
     }
@@ -90,8 +79,8 @@ where
 ///
 /// 1. builds the new index `CONCURRENTLY` beside the old one, so that inserts go on
 ///    while it reads the table and both indexes guard them once it is done;
-/// 2. swaps the names in a transaction that waits at most [`SWAP_LOCK_TIMEOUT`] for its
-///    locks, and tries again after a pause when it times out;
+/// 2. swaps the names in a transaction that waits at most a second for its locks, and
+///    tries again after a pause when it times out;
 /// 3. drops the old index `CONCURRENTLY`.
 ///
 /// Each step can be run again: an upgrade cut short is finished by the next call, once
@@ -177,40 +166,16 @@ where
 
 /// Gives the digest's index the contract's name, and 0.2's the name [`RETIRED`], in one
 /// transaction: `ALTER INDEX … RENAME` takes no lock that blocks inserts, only one that
-/// waits for other schema changes, and [`SWAP_LOCK_TIMEOUT`] bounds that.
+/// waits for other schema changes, for a second at a time.
 async fn swap<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
     let swap = format!(
-        "BEGIN; SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'; \
-         ALTER INDEX ux_inbox_message_consumer RENAME TO {RETIRED}; \
-         ALTER INDEX {BUILDING} RENAME TO ux_inbox_message_consumer; COMMIT"
+        "ALTER INDEX ux_inbox_message_consumer RENAME TO {RETIRED}; \
+         ALTER INDEX {BUILDING} RENAME TO ux_inbox_message_consumer"
     );
-    let mut attempt = 1;
-    loop {
-        match conn.batch_execute(&swap).await {
-            Ok(()) => return Ok(()),
-            Err(error) => {
-                // The batch stopped at its error, inside the transaction it began.
-                conn.batch_execute("ROLLBACK").await?;
-                if attempt == SWAP_ATTEMPTS || !is_lock_timeout(&error) {
-                    return Err(error);
-                }
-            }
-        }
-        attempt += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// 55P03 as diesel-async reports it: `Unknown`, with the message alone.
-fn is_lock_timeout(error: &diesel::result::Error) -> bool {
-    matches!(
-        error,
-        diesel::result::Error::DatabaseError(_, info)
-            if info.message().starts_with("canceling statement due to lock timeout")
-    )
+    ddl::with_short_lock_waits(conn, None, &swap).await
 }
 
 /// A truth a query selects as `value`.
