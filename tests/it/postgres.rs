@@ -747,28 +747,70 @@ async fn migrate_with_nothing_to_do_takes_no_lock_and_needs_no_ddl_rights() {
         assert!(matches!(outbox, Ok(Ok(()))), "{outbox:?}");
         open.batch_execute("ROLLBACK").await.expect("rollback");
 
-        let role = format!("{}_rows_only", db.0.name());
-        let schema = db.0.name();
-        conn.batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
-             GRANT USAGE ON SCHEMA {schema} TO {role}; \
-             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}; \
-             SET ROLE {role}"
-        ))
-        .await
-        .expect("a role that may only read and write rows");
-        let inbox = diesel_inbox::migrate(&mut conn).await;
-        let outbox = diesel_inbox::outbox::migrate(&mut conn).await;
-        conn.batch_execute(&format!(
-            "RESET ROLE; DROP OWNED BY {role}; DROP ROLE {role}"
-        ))
-        .await
-        .expect("drop the role");
+        let (inbox, outbox) = migrate_with_rows_only(&db, &mut conn).await;
         assert_eq!(inbox, Ok(()));
         assert_eq!(outbox, Ok(()));
     })
     .await;
     db.cleanup().await;
+}
+
+/// `migrate` on an inbox of 0.2 with markers, which keeps its index until
+/// `upgrade_unique_index`, sends no DDL once the digest's function is there. It defined
+/// the function again on every call, which a role that may only read and write rows may
+/// not: every start-up failed, `Permanent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_on_an_inbox_of_0_2_with_markers_needs_no_ddl_rights() {
+    let Some(db) = create("migrate_0_2_rows_only").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.batch_execute(
+            "DROP INDEX ux_inbox_message_consumer; \
+             CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox (message_id, consumer); \
+             INSERT INTO inbox (message_id, consumer) VALUES ('m', 'c')",
+        )
+        .await
+        .expect("an inbox of 0.2 with a marker");
+        diesel_inbox::migrate(&mut conn)
+            .await
+            .expect("the digest's function");
+        diesel_inbox::outbox::migrate(&mut conn)
+            .await
+            .expect("the outbox");
+        let (inbox, outbox) = migrate_with_rows_only(&db, &mut conn).await;
+        assert_eq!(inbox, Ok(()));
+        assert_eq!(outbox, Ok(()));
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// What `migrate` and `outbox::migrate` return on `conn` under a role that may only read
+/// and write the rows of the test's schema.
+async fn migrate_with_rows_only(
+    db: &PgDb,
+    conn: &mut AsyncPgConnection,
+) -> (diesel::QueryResult<()>, diesel::QueryResult<()>) {
+    let role = format!("{}_rows_only", db.0.name());
+    let schema = db.0.name();
+    conn.batch_execute(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; \
+         GRANT USAGE ON SCHEMA {schema} TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}; \
+         SET ROLE {role}"
+    ))
+    .await
+    .expect("a role that may only read and write rows");
+    let inbox = diesel_inbox::migrate(conn).await;
+    let outbox = diesel_inbox::outbox::migrate(conn).await;
+    conn.batch_execute(&format!(
+        "RESET ROLE; DROP OWNED BY {role}; DROP ROLE {role}"
+    ))
+    .await
+    .expect("drop the role");
+    (inbox, outbox)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
