@@ -317,3 +317,28 @@ async fn a_transaction_that_sqlite_ended_reports_why() {
     .await;
     db.cleanup().await;
 }
+
+/// `migrate` refuses a connection inside a transaction, as on MySQL: on a database
+/// without the inbox it began a transaction of its own, which SQLite cannot nest, and
+/// its ROLLBACK ended the caller's.
+#[tokio::test]
+async fn migrate_refuses_a_connection_in_a_transaction() {
+    let Some(db) = create("migrate_in_a_transaction").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.batch_execute("DROP TABLE inbox")
+            .await
+            .expect("a database without the inbox");
+        let inside = conn
+            .transaction(async |conn| diesel_inbox::migrate(conn).await)
+            .await;
+        assert_eq!(inside, Err(Error::AlreadyInTransaction));
+        diesel_inbox::migrate(&mut conn)
+            .await
+            .expect("migrate outside a transaction");
+    })
+    .await;
+    db.cleanup().await;
+}

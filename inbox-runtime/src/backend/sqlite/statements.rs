@@ -267,6 +267,9 @@ impl sealed::Sealed for Sqlite {
     where
         C: AsyncConnection<Backend = Self>,
     {
+        // The upgrade below opens a transaction of its own, which SQLite cannot nest,
+        // and its ROLLBACK would end the caller's: refused at once, as on MySQL.
+        crate::backend::outside_a_transaction(conn)?;
         // Both statements are `IF NOT EXISTS`, and SQLite serialises writers.
         conn.batch_execute(include_str!(
             "../../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
