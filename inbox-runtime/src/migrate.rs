@@ -33,7 +33,8 @@ where
 /// then the old one is dropped `CONCURRENTLY`. Handlers go on inserting throughout. The
 /// build reads the whole table (19 s for 10 million markers on a 2-core machine), and
 /// waits for transactions already open on the table to end. Run it on a connection of
-/// its own, outside any transaction.
+/// its own, outside any transaction: inside one it returns
+/// `Error::AlreadyInTransaction`, on MySQL/MariaDB too.
 ///
 /// On MySQL/MariaDB the digest is a virtual column, `key_digest`, that `migrate` adds
 /// (instantly); the index on it takes about 43 bytes a marker against 86. The upgrade is

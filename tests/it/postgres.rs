@@ -873,6 +873,51 @@ async fn outbox_migrate_waits_for_its_lock_a_second_at_a_time() {
     db.cleanup().await;
 }
 
+/// `upgrade_unique_index` refuses a connection inside a transaction before it takes its
+/// session's lock. It failed there, as documented, but kept the lock, whose release
+/// failed in the aborted transaction: a pool kept the connection, and an upgrade
+/// elsewhere waited an hour for it, then failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upgrade_unique_index_refuses_a_connection_in_a_transaction() {
+    let Some(db) = create("upgrade_in_a_transaction").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.begin_test_transaction()
+            .await
+            .expect("a test transaction");
+        assert_eq!(
+            diesel_inbox::upgrade_unique_index(&mut conn).await,
+            Err(Error::AlreadyInTransaction)
+        );
+        let locks = "SELECT COUNT(*) FROM pg_locks \
+                     WHERE locktype = 'advisory' AND pid = pg_backend_pid()";
+        assert_eq!(select_i64(&mut conn, locks).await, Ok(0));
+    })
+    .await;
+    db.cleanup().await;
+}
+
+/// `upgrade_unique_index` on an inbox already upgraded sends no DDL, so that a session
+/// that may only read finds it `Current`. It dropped 0.2's index whether it was there or
+/// not, and failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upgrade_unique_index_with_nothing_to_do_only_reads() {
+    let Some(db) = create("upgrade_read_only").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = common::connect_with(&db, "SET default_transaction_read_only = on").await;
+        assert_eq!(
+            diesel_inbox::upgrade_unique_index(&mut conn).await,
+            Ok(diesel_inbox::schema::IndexUpgrade::Current)
+        );
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// A withdrawal-like claim-mode handler: never taken over once its lease ran out, and
 /// its body started once at most.
 #[idempotent(consumer = "stalled-claim", key = key, claim, takeover = false,

@@ -94,6 +94,9 @@ pub(super) async fn upgrade_unique_index<C>(conn: &mut C) -> QueryResult<IndexUp
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
+    // Its concurrent builds cannot run in a transaction, and a failed statement there
+    // would abort the lock's release too, leaving the connection holding the lock.
+    crate::backend::outside_a_transaction(conn)?;
     take_upgrade_lock(conn).await?;
     let upgrade = upgrade_locked(conn).await;
     let unlocked = release_upgrade_lock(conn).await;
@@ -143,8 +146,12 @@ where
         swap(conn).await?;
         IndexUpgrade::Rebuilt
     };
-    conn.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {RETIRED}"))
-        .await?;
+    // Dropped only where it is there: a read-only session finds nothing to do.
+    let retired = format!("SELECT to_regclass('{RETIRED}') IS NOT NULL AS value");
+    if flag(conn, &retired).await? {
+        conn.batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {RETIRED}"))
+            .await?;
+    }
     Ok(upgrade)
 }
 
