@@ -179,6 +179,22 @@ pub(crate) fn warn_of_the_index_of_0_2(old: u32, new: u32) {
     );
 }
 
+/// `migrate`'s answer to an `inbox` table without the crate's unique index: another
+/// table of that name, which its index and columns would turn into an inbox whose
+/// inserts fail (a column of its own that is `NOT NULL`), or that dedupes on its rows.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn foreign_inbox() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError(
+        format!(
+            "the `inbox` table found here is not diesel-inbox's: it has no unique index \
+             `{}`, so migrate leaves it as it is. Give the crate's inbox a database or \
+             schema of its own, or rename that table",
+            crate::schema::INDEX_NAME
+        )
+        .into(),
+    )
+}
+
 /// Rolls back the transaction that `error` ended the use of, and returns `error`: it
 /// explains more than a failed rollback, which marks the connection broken for its pool.
 pub(crate) async fn roll_back_for<C: diesel_async::AsyncConnection>(

@@ -1222,6 +1222,33 @@ pub async fn migrate_waits_for_its_lock_a_second_at_a_time<D: TestDb>(db: D) {
         .expect("the claim columns are back");
 }
 
+/// `migrate` refuses an `inbox` table that is not the crate's (it has no unique index of
+/// that name), and leaves it as it is. It gave the table the crate's index and columns
+/// and returned `Ok`: every handler then failed on a `NOT NULL` column of the table's
+/// own, and dead-lettered every message.
+pub async fn migrate_refuses_an_inbox_table_of_another<D: TestDb>(db: D) {
+    let mut conn = db.connect().await;
+    conn.batch_execute(
+        "DROP TABLE inbox; CREATE TABLE inbox (id BIGINT PRIMARY KEY, \
+         message_id VARCHAR(100) NOT NULL, consumer VARCHAR(100) NOT NULL, \
+         payload VARCHAR(100) NOT NULL)",
+    )
+    .await
+    .expect("an inbox table of another's");
+    let migrated = diesel_inbox::migrate(&mut conn).await;
+    assert!(
+        matches!(&migrated, Err(Error::QueryBuilderError(error))
+            if error.to_string().contains("no unique index `ux_inbox_message_consumer`")),
+        "{migrated:?}"
+    );
+    conn.batch_execute(
+        "INSERT INTO inbox (id, message_id, consumer, payload) \
+         VALUES (1, 'm', 'c', 'p'), (2, 'm', 'c', 'p')",
+    )
+    .await
+    .expect("the table as it was, without a unique index");
+}
+
 #[idempotent(consumer = "adaptive", key = credit.message_id.as_str())]
 pub async fn adaptive_credit<C>(conn: &mut C, credit: &Credit) -> Result<(), Error>
 where
@@ -1348,6 +1375,7 @@ macro_rules! common_scenarios {
             cancelled_handler_never_half_commits,
             cancelled_transaction_statements_never_half_commit,
             migrate_is_idempotent_and_concurrent,
+            migrate_refuses_an_inbox_table_of_another,
             prune_keeps_the_window_to_the_second,
             prune_windows_of_any_length,
             concurrent_pruners_delete_each_marker_once,

@@ -358,15 +358,10 @@ where
         ))
         .await?;
     }
-    // A table created by hand may lack the index, and MySQL has no
-    // CREATE INDEX IF NOT EXISTS. A concurrent creator's 1061 "Duplicate key
-    // name" is success for us, so it is checked again rather than reported.
+    // The table comes with its index, in one atomic statement: a table without it is
+    // another of that name.
     if !inbox_index_exists(conn).await? {
-        let create = format!("CREATE UNIQUE INDEX {INDEX_NAME} ON inbox (message_id, consumer)");
-        match ddl::with_short_lock_waits(conn, &create).await {
-            Err(_) if inbox_index_exists(conn).await? => {}
-            result => result?,
-        }
+        return Err(crate::backend::foreign_inbox());
     }
     // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
     // adds all four or none; a concurrent upgrader's 1060 "Duplicate column

@@ -219,6 +219,11 @@ impl sealed::Sealed for diesel::pg::Pg {
             "pg_catalog.current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')".to_owned(),
         ];
         if !catalog::holds(conn, &present.join(" AND ")).await? {
+            // The migration creates the table and its index in one transaction: a table
+            // without that index is another of that name.
+            if Self::inbox_seen(conn).await? == sealed::InboxSeen::Foreign {
+                return Err(crate::backend::foreign_inbox());
+            }
             ddl::with_short_lock_waits(conn, Some(MIGRATE_LOCK), &migration()).await?;
         }
         super::upgrade::migrate_key_digest(conn).await?;

@@ -270,11 +270,18 @@ impl sealed::Sealed for Sqlite {
         // The upgrade below opens a transaction of its own, which SQLite cannot nest,
         // and its ROLLBACK would end the caller's: refused at once, as on MySQL.
         crate::backend::outside_a_transaction(conn)?;
-        // Both statements are `IF NOT EXISTS`, and SQLite serialises writers.
-        conn.batch_execute(include_str!(
-            "../../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
-        ))
-        .await?;
+        match Self::inbox_seen(conn).await? {
+            sealed::InboxSeen::Foreign => return Err(crate::backend::foreign_inbox()),
+            // The table and its index in one transaction, so that a concurrent migrate
+            // never finds the table without its index, which it would take for another's.
+            sealed::InboxSeen::Missing => {
+                let create = include_str!(
+                    "../../../migrations/sqlite/2026-11-30-000000_create_inbox/up.sql"
+                );
+                in_one_transaction(conn, create).await?;
+            }
+            sealed::InboxSeen::Ours => {}
+        }
         // The upgrade to 0.2's columns, where they are missing: SQLite has no
         // `ADD COLUMN IF NOT EXISTS`, so all four go in one transaction, and a
         // concurrent upgrader's "duplicate column name" is success for us once the
@@ -282,24 +289,28 @@ impl sealed::Sealed for Sqlite {
         if claim_columns_exist(conn).await? {
             return Ok(());
         }
-        let upgrade = concat!(
-            "BEGIN IMMEDIATE; ",
-            include_str!("../../../migrations/sqlite/2026-12-01-000000_claims/up.sql"),
-            "COMMIT;"
-        );
-        match conn.batch_execute(upgrade).await {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                // A failed statement leaves the batch's transaction open.
-                let _none_left_open = conn.batch_execute("ROLLBACK").await;
-                if claim_columns_exist(conn).await? {
-                    Ok(())
-                } else {
-                    Err(error)
-                }
-            }
+        let add_columns =
+            include_str!("../../../migrations/sqlite/2026-12-01-000000_claims/up.sql");
+        match in_one_transaction(conn, add_columns).await {
+            Err(_) if claim_columns_exist(conn).await? => Ok(()),
+            result => result,
         }
     }
+}
+
+/// `statements` in a transaction that takes the write lock at once.
+async fn in_one_transaction<C>(conn: &mut C, statements: &str) -> QueryResult<()>
+where
+    C: AsyncConnection<Backend = Sqlite>,
+{
+    let result = conn
+        .batch_execute(&format!("BEGIN IMMEDIATE; {statements} COMMIT;"))
+        .await;
+    if result.is_err() {
+        // A failed statement leaves the batch's transaction open.
+        let _none_left_open = conn.batch_execute("ROLLBACK").await;
+    }
+    result
 }
 
 /// `text` as an SQL string literal; `None` for a text with a NUL, which no SQL text
