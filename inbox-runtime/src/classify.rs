@@ -551,6 +551,25 @@ mod tests {
         assert!(checked > 60, "only {checked} translations found in {path}");
     }
 
+    /// A conflict whose read-back found no marker of the key, where the marker holding
+    /// the digest is the key's own after all (a read that a statement time-out cut
+    /// short): transient. It was a `KeyCollision` naming the key twice, dead-lettered.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[test]
+    fn a_conflict_with_the_keys_own_marker_is_never_a_collision() {
+        use crate::backend::met_another_marker;
+
+        let own = met_another_marker("m-1", "c", Some((b"m-1".to_vec(), b"c".to_vec())));
+        assert_eq!(classify(&own), ErrorClass::Transient, "{own}");
+        for other in [
+            (b"m-2".to_vec(), b"c".to_vec()),
+            (b"m-1".to_vec(), b"d".to_vec()),
+        ] {
+            let collision = met_another_marker("m-1", "c", Some(other));
+            assert_eq!(classify(&collision), ErrorClass::Permanent, "{collision}");
+        }
+    }
+
     /// A pooler that hands prepared statements between clients (PgBouncer's transaction
     /// or statement mode): no message is at fault, and the connection cannot be trusted.
     #[test]
@@ -635,6 +654,12 @@ mod tests {
         let mut own = vec![text(crate::backend::rolled_back_underneath())];
         #[cfg(any(feature = "postgres", feature = "mysql"))]
         own.push(text(crate::backend::met_another_marker("m-1", "c", None)));
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        own.push(text(crate::backend::met_another_marker(
+            "m-1",
+            "c",
+            Some((b"m-1".to_vec(), b"c".to_vec())),
+        )));
         for said in own {
             assert_eq!(classify_text(&said), Some(ErrorClass::Transient), "{said}");
         }

@@ -284,6 +284,7 @@ pub(crate) fn is_transient(text: &str) -> bool {
     const OPENINGS: &[&str] = &[
         "the handler's transaction was rolled back by the database before it could commit",
         "the marker this message's insert met was deleted (pruned)",
+        "the marker this message's insert met is its own, but reading it back",
         "the handler's COMMIT went through, but the statement after it failed",
         "the message's marker is a claim that a claim-mode handler of this consumer has not \
          completed",

@@ -125,7 +125,8 @@ pub(crate) fn committed_early() -> diesel::result::Error {
 /// index on the key's digest: a [`KeyCollision`](crate::KeyCollision) with the key and
 /// consumer of the marker holding the digest, as read back; or, when none holds it any
 /// more, a transient error, since a pruner deleted the marker met in between and a
-/// redelivery inserts.
+/// redelivery inserts; or, when the key's own marker holds it after all, a transient
+/// error too.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn met_another_marker(
     message_id: &str,
@@ -133,6 +134,21 @@ pub(crate) fn met_another_marker(
     holder: Option<(Vec<u8>, Vec<u8>)>,
 ) -> diesel::result::Error {
     match holder {
+        // The key's own marker, which the read before found none of: a read cut short
+        // (MariaDB's `max_statement_time` can end a subquery with NULL, not an error).
+        Some((stored_message_id, stored_consumer))
+            if stored_message_id == message_id.as_bytes()
+                && stored_consumer == consumer.as_bytes() =>
+        {
+            diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new(String::from(
+                    "the marker this message's insert met is its own, but reading it back \
+                     found nothing (a read cut short): nothing was written, and a \
+                     redelivery reads it again",
+                )),
+            )
+        }
         Some((stored_message_id, stored_consumer)) => crate::KeyCollision {
             message_id: message_id.to_owned(),
             consumer: consumer.to_owned(),
