@@ -1207,7 +1207,12 @@ pub async fn migrate_waits_for_its_lock_a_second_at_a_time<D: TestDb>(db: D) {
     let started = std::time::Instant::now();
     let outcome = credit(&mut conn, &Credit::numbered(0)).await;
     let waited = started.elapsed();
-    assert_eq!(outcome, Ok(Outcome::Processed(())));
+    // Until migrate has added the claim columns, which the marker insert names, the
+    // delivery is retried; either way it must not wait behind migrate.
+    match &outcome {
+        Ok(processed) => assert_eq!(*processed, Outcome::Processed(())),
+        Err(error) => assert!(classify(error).is_retryable(), "{error}"),
+    }
     assert!(
         waited < Duration::from_millis(2500),
         "a handler waited {waited:?} behind migrate"
