@@ -1476,3 +1476,54 @@ async fn a_prune_with_autocommit_off_commits() {
     .await;
     db.cleanup().await;
 }
+
+/// A body that records an entry unless it is there already, by trying and handling the
+/// duplicate key, as MySQL code often does, then credits.
+#[idempotent(consumer = "recording_once", key = credit.message_id.as_str())]
+async fn credit_recording_once(
+    conn: &mut AsyncMysqlConnection,
+    credit: &Credit,
+) -> Result<(), Error> {
+    match conn
+        .batch_execute("INSERT INTO ledger (entry) VALUES ('once')")
+        .await
+    {
+        Ok(())
+        | Err(Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)) => {}
+        Err(error) => return Err(error),
+    }
+    common::apply(conn, credit).await
+}
+
+/// A session with `unique_checks` and `foreign_key_checks` off (as a dump's restore
+/// leaves it): MariaDB buffers the first inserts into an empty table in bulk, and the
+/// body's failed statement undid the buffered marker while the transaction went on. The
+/// body committed without its marker, and every redelivery was processed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_without_unique_checks_keeps_its_marker() {
+    let Some(db) = create("without_unique_checks").await else {
+        return;
+    };
+    bounded(async {
+        common::create_tables(&db, 1).await;
+        let mut conn = db.connect().await;
+        conn.batch_execute(
+            "INSERT INTO ledger (entry) VALUES ('once'); \
+             SET unique_checks = 0, foreign_key_checks = 0",
+        )
+        .await
+        .expect("a bulk-loading session");
+        for delivery in 0..3 {
+            let outcome = credit_recording_once(&mut conn, &Credit::numbered(0)).await;
+            let expected = if delivery == 0 {
+                Outcome::Processed(())
+            } else {
+                Outcome::Duplicate
+            };
+            assert_eq!(outcome, Ok(expected), "delivery {delivery}");
+        }
+        assert_eq!(common::balances(&db, 1).await, vec![1]);
+    })
+    .await;
+    db.cleanup().await;
+}

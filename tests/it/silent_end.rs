@@ -37,7 +37,7 @@ impl Interrupting {
     /// bound as the hex digits of its bytes.
     fn interrupts(&self, statement: &str) -> bool {
         self.at.as_ref().is_some_and(|(key, _)| {
-            statement.starts_with("INSERT INTO inbox")
+            statement.contains("INSERT INTO inbox (")
                 && statement.contains(&format!("\"{}\"", common::keys::utf8_hex(key)))
                 && statement
                     .matches(

@@ -71,10 +71,24 @@ pub(super) struct InsertMarkers {
     consumer: String,
     /// Whether each placeholder takes its text's bytes as hex digits (`UNHEX(?)`).
     hex: bool,
-    /// A column of the crate's inbox that each row also names, with its `DEFAULT`.
-    own_column: Option<&'static str>,
+    shape: &'static InsertShape,
     suffix: &'static str,
 }
+
+/// How a backend's marker insert begins, and what it names beyond the key's columns.
+pub(super) struct InsertShape {
+    /// `INSERT`, or what stands for it.
+    pub(super) insert: &'static str,
+    /// A column of the crate's inbox that each row also names, with its `DEFAULT`.
+    pub(super) own_column: Option<&'static str>,
+}
+
+/// A plain `INSERT` of the key's columns.
+#[cfg(feature = "sqlite")]
+const PLAIN: InsertShape = InsertShape {
+    insert: "INSERT",
+    own_column: None,
+};
 
 impl InsertMarkers {
     /// The keys and the consumer bound as text.
@@ -84,26 +98,26 @@ impl InsertMarkers {
             message_ids,
             consumer: consumer.to_owned(),
             hex: false,
-            own_column: None,
+            shape: &PLAIN,
             suffix,
         }
     }
 
     /// The keys and the consumer bound as the hex digits of their bytes, which no
-    /// character set conversion changes (see `mysql/markers.rs`), each row naming
-    /// `own_column` too.
+    /// character set conversion changes (see `mysql/markers.rs`), inserted as `shape`
+    /// says.
     #[cfg(feature = "mysql")]
     pub(super) fn hex(
         message_ids: &[String],
         consumer: &str,
-        own_column: &'static str,
+        shape: &'static InsertShape,
         suffix: &'static str,
     ) -> Self {
         Self {
             message_ids: message_ids.iter().map(hex_digits).collect(),
             consumer: hex_digits(consumer),
             hex: true,
-            own_column: Some(own_column),
+            shape,
             suffix,
         }
     }
@@ -141,8 +155,9 @@ where
         } else {
             ("", "")
         };
-        out.push_sql("INSERT INTO inbox (message_id, consumer");
-        if let Some(column) = self.own_column {
+        out.push_sql(self.shape.insert);
+        out.push_sql(" INTO inbox (message_id, consumer");
+        if let Some(column) = self.shape.own_column {
             out.push_sql(", ");
             out.push_sql(column);
         }
@@ -156,7 +171,7 @@ where
             out.push_sql(open);
             out.push_bind_param::<Text, String>(&self.consumer)?;
             out.push_sql(close);
-            if self.own_column.is_some() {
+            if self.shape.own_column.is_some() {
                 out.push_sql(", DEFAULT");
             }
             out.push_sql(")");

@@ -128,13 +128,38 @@ pub(crate) fn is_read_only(message: &str) -> bool {
         })
 }
 
+/// How every marker insert in a transaction begins. Where a session has `unique_checks`
+/// and `foreign_key_checks` off (as a dump's restore leaves it), MariaDB buffers the
+/// first inserts into an empty table in bulk, and a later failed statement of the
+/// transaction, one a body handled, undoes the buffer while the transaction goes on:
+/// the body committed without its marker, and each redelivery ran again. The insert
+/// turns the checks back on for itself, in a comment that only MariaDB, which has that
+/// bulk mode, executes.
+#[cfg(feature = "mysql")]
+macro_rules! checked_insert {
+    () => {
+        "/*M! SET STATEMENT unique_checks = 1 FOR */ INSERT"
+    };
+}
+
+/// [`checked_insert!`], for the text batches.
+#[cfg(feature = "mysql")]
+const CHECKED_INSERT: &str = checked_insert!();
+
 /// A column of the crate's inbox that every marker insert names, with its `DEFAULT` (the
 /// only value a virtual column takes). An insert into another table called `inbox` that
 /// has no unique index (an application's own) would insert every time, every redelivery
 /// processed again; naming the column fails there instead, as [`lacks_key_digest`], and
 /// the session check says which table was found.
 #[cfg(feature = "mysql")]
-pub(crate) const OWN_COLUMN: &str = "key_digest";
+const OWN_COLUMN: &str = "key_digest";
+
+/// The shape of the marker inserts bound as parameters.
+#[cfg(feature = "mysql")]
+const MARKER_INSERT: super::queries::InsertShape = super::queries::InsertShape {
+    insert: CHECKED_INSERT,
+    own_column: Some(OWN_COLUMN),
+};
 
 /// 1054 for the digest's column, on an inbox that this version's `migrate` has not
 /// reached yet (instances upgrading one by one, or a migration not yet applied):

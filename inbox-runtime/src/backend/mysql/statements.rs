@@ -19,10 +19,10 @@ use crate::backend::{
 };
 use crate::schema::INDEX_NAME;
 
-use super::OWN_COLUMN;
 use super::call::{Call, committed};
 use super::ddl;
 use super::markers::{self, bytes_of_placeholder};
+use super::{CHECKED_INSERT, MARKER_INSERT, OWN_COLUMN};
 
 /// Opens a call's transaction with the savepoint that the commit releases, ahead of
 /// the marker insert, so that the savepoint can only name the marker's transaction.
@@ -112,7 +112,7 @@ impl sealed::Sealed for Mysql {
             ),
         };
         let batch = format!(
-            "{BEGIN_WITH_SAVEPOINT}; INSERT INTO inbox ({columns}, {OWN_COLUMN}) \
+            "{BEGIN_WITH_SAVEPOINT}; {CHECKED_INSERT} INTO inbox ({columns}, {OWN_COLUMN}) \
              VALUES (X'{}', X'{}'{fingerprint}, DEFAULT); {AFTER_MARKER_INSERT}",
             hex_digits(&marker.message_id),
             hex_digits(marker.consumer),
@@ -152,15 +152,21 @@ impl sealed::Sealed for Mysql {
         async move {
             let inserted = match fingerprint {
                 None => {
-                    InsertMarkers::hex(std::slice::from_ref(&message_id), consumer, OWN_COLUMN, "")
-                        .execute(&mut *conn)
-                        .await
+                    InsertMarkers::hex(
+                        std::slice::from_ref(&message_id),
+                        consumer,
+                        &MARKER_INSERT,
+                        "",
+                    )
+                    .execute(&mut *conn)
+                    .await
                 }
                 Some(fingerprint) => {
                     Prepared(
                         diesel::sql_query(concat!(
                             // `key_digest`, the `OWN_COLUMN`, with its `DEFAULT`.
-                            "INSERT INTO inbox (message_id, consumer, fingerprint, key_digest) \
+                            checked_insert!(),
+                            " INTO inbox (message_id, consumer, fingerprint, key_digest) \
                              VALUES (",
                             bytes_of_placeholder!(),
                             ", ",
@@ -558,7 +564,7 @@ where
             conn.batch_execute(RECORD_MARKER_ID).await?;
             own_id = OwnId::Recorded;
         }
-        let insert = InsertMarkers::hex(&chunk, consumer, OWN_COLUMN, "");
+        let insert = InsertMarkers::hex(&chunk, consumer, &MARKER_INSERT, "");
         match insert.execute(&mut *conn).await {
             Ok(_) => {
                 new.resize(new.len() + chunk.len(), true);
@@ -572,7 +578,7 @@ where
             let inserted = match InsertMarkers::hex(
                 std::slice::from_ref(&message_id),
                 consumer,
-                OWN_COLUMN,
+                &MARKER_INSERT,
                 "",
             )
             .execute(&mut *conn)
