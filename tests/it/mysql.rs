@@ -1527,3 +1527,31 @@ async fn a_session_without_unique_checks_keeps_its_marker() {
     .await;
     db.cleanup().await;
 }
+
+/// An inbox converted to another engine than InnoDB (MyISAM, by a DBA) commits each
+/// marker on its own, apart from the handler's transaction: a body that failed left its
+/// marker, and its redelivery was acknowledged as a duplicate, unprocessed. `migrate`,
+/// which every instance runs at start-up, refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_refuses_an_inbox_off_innodb() {
+    let Some(db) = create("inbox_off_innodb").await else {
+        return;
+    };
+    bounded(async {
+        let mut conn = db.connect().await;
+        conn.batch_execute("ALTER TABLE inbox ENGINE = MyISAM")
+            .await
+            .expect("a DBA's conversion");
+        let refused = diesel_inbox::migrate(&mut conn).await;
+        let error = refused.expect_err("not on InnoDB");
+        assert!(error.to_string().contains("ENGINE = InnoDB"), "{error}");
+        conn.batch_execute("ALTER TABLE inbox ENGINE = InnoDB")
+            .await
+            .expect("converted back");
+        diesel_inbox::migrate(&mut conn)
+            .await
+            .expect("migrate on InnoDB");
+    })
+    .await;
+    db.cleanup().await;
+}

@@ -369,6 +369,15 @@ where
     if !inbox_index_exists(conn).await? {
         return Err(crate::backend::foreign_inbox());
     }
+    if !inbox_is_transactional(conn).await? {
+        return Err(diesel::result::Error::QueryBuilderError(
+            "the `inbox` table is not on InnoDB: its markers would commit on their own, \
+             apart from the handlers' transactions, and the redelivery of a message whose \
+             body failed would be acknowledged as a duplicate, unprocessed. Convert it \
+             back: ALTER TABLE inbox ENGINE = InnoDB"
+                .into(),
+        ));
+    }
     // The upgrade to 0.2's columns, where they are missing. One `ALTER TABLE`
     // adds all four or none; a concurrent upgrader's 1060 "Duplicate column
     // name" is success for us, so the columns are counted again.
@@ -629,6 +638,20 @@ where
          WHERE table_schema = DATABASE() AND table_name IN ({names})) = {}",
         tables.len()
     )))
+    .get_result(conn)
+    .await
+}
+
+/// Whether the inbox is on InnoDB, whose rows commit with the transaction that wrote
+/// them: a DBA may have converted it (to MyISAM, say), which commits each row at once.
+async fn inbox_is_transactional<C>(conn: &mut C) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = diesel::mysql::Mysql>,
+{
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "(SELECT UPPER(engine) = 'INNODB' FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = 'inbox')",
+    ))
     .get_result(conn)
     .await
 }
