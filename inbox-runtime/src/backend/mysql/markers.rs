@@ -158,6 +158,31 @@ where
     }
 }
 
+/// Whether a one-row marker insert (`inserted`, its result) made a new marker: a 1062 is
+/// confirmed as the key's own processed marker, an unfinished claim of it being
+/// [`ClaimError::Unfinished`](crate::ClaimError::Unfinished). Our own statement on our
+/// own table: its only unique index besides the auto-increment key is the inbox's,
+/// whatever language the message is in.
+pub(super) async fn new_or_processed<C>(
+    conn: &mut C,
+    inserted: QueryResult<usize>,
+    message_id: &str,
+    consumer: &str,
+) -> QueryResult<bool>
+where
+    C: AsyncConnection<Backend = Mysql>,
+{
+    match inserted {
+        Ok(_) => Ok(true),
+        Err(Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)) => {
+            let processed = confirm_duplicate(conn, message_id, consumer).await?;
+            crate::backend::processed_or_unfinished(processed)?;
+            Ok(false)
+        }
+        Err(other) => Err(other),
+    }
+}
+
 /// The error for a key whose insert met a marker that is not its own (see
 /// [`met_another_marker`]). Only the digest's index can hold another key's marker, and
 /// only it can find one by the digest alone: on 0.2's index the marker met was deleted.

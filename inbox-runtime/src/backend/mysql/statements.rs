@@ -183,17 +183,7 @@ impl sealed::Sealed for Mysql {
                     .await
                 }
             };
-            match inserted {
-                Ok(_) => Ok(true),
-                // Our own statement on our own table: its only unique index besides the
-                // auto-increment key is the inbox's, whatever language the message is in.
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    let processed = markers::confirm_duplicate(conn, &message_id, consumer).await?;
-                    processed_or_unfinished(processed)?;
-                    Ok(false)
-                }
-                Err(other) => Err(other),
-            }
+            markers::new_or_processed(conn, inserted, &message_id, consumer).await
         }
     }
 
@@ -584,23 +574,15 @@ where
             Err(other) => return Err(other),
         }
         for message_id in chunk {
-            let inserted = match InsertMarkers::hex(
+            let insert = InsertMarkers::hex(
                 std::slice::from_ref(&message_id),
                 consumer,
                 &MARKER_INSERT,
                 "",
             )
             .execute(&mut *conn)
-            .await
-            {
-                Ok(_) => true,
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
-                    let processed = markers::confirm_duplicate(conn, &message_id, consumer).await?;
-                    processed_or_unfinished(processed)?;
-                    false
-                }
-                Err(other) => return Err(other),
-            };
+            .await;
+            let inserted = markers::new_or_processed(conn, insert, &message_id, consumer).await?;
             if inserted {
                 own_id = OwnId::InLastInsertId;
             }
