@@ -2,7 +2,7 @@
 
 use diesel::result::{DatabaseErrorKind, Error};
 
-use crate::backend::{UNSUPPORTED_SESSION, mysql, postgres, sqlite};
+use crate::backend::{UNSUPPORTED_SESSION, lacks_inbox_column, mysql, postgres, sqlite};
 use crate::error::InboxError;
 
 /// What an error means for the message that was being handled.
@@ -106,10 +106,7 @@ pub(crate) fn classify_message(message: &str) -> Option<ErrorClass> {
     } else if postgres::is_transient(message)
         || mysql::is_transient(message)
         || sqlite::is_transient(message)
-        || postgres::lacks_key_digest(message)
-        || postgres::lacks_claim_columns(message)
-        || mysql::lacks_key_digest(message)
-        || sqlite::lacks_claim_columns(message)
+        || lacks_inbox_column(message)
     {
         Some(ErrorClass::Transient)
     } else {

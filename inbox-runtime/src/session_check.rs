@@ -9,7 +9,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 use diesel_async::AsyncConnection;
 
 use crate::backend::sealed::{InboxSeen, Sealed as _};
-use crate::backend::{InboxBackend, UNSUPPORTED_SESSION, mysql, postgres, sqlite};
+use crate::backend::{InboxBackend, UNSUPPORTED_SESSION, lacks_inbox_column, postgres};
 use crate::classify::classify_message;
 use crate::schema::INDEX_NAME;
 
@@ -86,13 +86,4 @@ fn report_once(unsupported: &str) {
             "messages are retried, not processed, until the session is fixed"
         );
     });
-}
-
-/// Whether `message` says a statement named a column that the crate's inbox has, and
-/// the table found does not.
-fn lacks_inbox_column(message: &str) -> bool {
-    postgres::lacks_key_digest(message)
-        || postgres::lacks_claim_columns(message)
-        || mysql::lacks_key_digest(message)
-        || sqlite::lacks_claim_columns(message)
 }

@@ -84,6 +84,17 @@ impl InboxBackend for diesel::mysql::Mysql {}
 #[cfg(feature = "sqlite")]
 impl InboxBackend for diesel::sqlite::Sqlite {}
 
+/// Whether `message` says a statement named a column that the crate's inbox has, and the
+/// table found does not: an inbox that this version's `migrate` has not reached yet
+/// (retried, since the next delivery finds it migrated), or another table of that name
+/// (which the session check tells apart).
+pub(crate) fn lacks_inbox_column(message: &str) -> bool {
+    postgres::lacks_key_digest(message)
+        || postgres::lacks_claim_columns(message)
+        || mysql::lacks_key_digest(message)
+        || sqlite::lacks_claim_columns(message)
+}
+
 /// How the crate's error for a session it cannot work in begins (see `session_check`):
 /// retried, since no message is at fault, while someone changes the setting it names.
 pub(crate) const UNSUPPORTED_SESSION: &str = "diesel-inbox cannot work in this session: ";
