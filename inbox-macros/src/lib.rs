@@ -242,11 +242,9 @@ use quote::ToTokens;
 ///         })
 ///         .await;
 ///     // The step after the body, boxed like the first: COMMIT when the body returned
-///     // `Ok`, ROLLBACK otherwise; then the handler's result, reported.
-///     steps
-///         .close(connection, result.is_ok())
-///         .await
-///         .finish(result, &error_type)
+///     // `Ok`, ROLLBACK otherwise; then the handler's result, reported. One future,
+///     // generic over the body's value and error alone, so one await.
+///     steps.close(connection, result, error_type).await
 /// }
 /// ```
 ///

@@ -25,7 +25,7 @@ use crate::handler::{Handler, RegisteredHandler};
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::step::{Begun, Step};
+use crate::step::{Begun, Ended, Step};
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -439,10 +439,12 @@ pub struct BatchClosed {
     closed: Result<(), Error>,
 }
 
-impl BatchClosed {
+impl Ended for BatchClosed {
+    type Outcome<T> = BatchOutcome<T>;
+
     /// The handler's result: the body's value with each message's outcome, unless the
     /// transaction failed to end, whose error then replaces it.
-    pub fn finish<T, E>(
+    fn finish<T, E>(
         self,
         result: Result<T, E>,
         error_type: &HandlerErrorType<E>,

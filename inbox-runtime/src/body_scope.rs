@@ -222,10 +222,19 @@ impl<F: Future> Future for InBody<F> {
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let scope = &mut this.scope.0;
-        let _scope = Entered::new(&mut scope.scope, &scope.span);
-        this.body.poll(cx)
+        poll_in_scope(&mut this.scope.0, this.body, cx)
     }
+}
+
+/// Polls a body in its scope: through `dyn`, so that this is compiled once per body
+/// output type, not once per handler.
+fn poll_in_scope<T>(
+    scope: &mut DropScope,
+    body: Pin<&mut dyn Future<Output = T>>,
+    cx: &mut Context<'_>,
+) -> Poll<T> {
+    let _scope = Entered::new(&mut scope.scope, &scope.span);
+    body.poll(cx)
 }
 
 /// A body's scope and span. Not generic, so that what a body's future does on top of the

@@ -18,6 +18,7 @@ use crate::claims::protocol;
 use crate::fast_path::FastPath;
 use crate::handler::{Handler, RegisteredHandler};
 use crate::transaction;
+use crate::verdict::HandlerErrorType;
 
 /// A boxed future that polls every step once, on a connection of one type.
 type Steps<'c> = Pin<Box<dyn Future<Output = ()> + 'c>>;
@@ -52,18 +53,22 @@ where
     static HANDLER: Handler = Handler::new(RegisteredHandler::new("", ""));
     let begin = Begin::in_sequence();
     let id = || Ok(String::new());
+    let error_type = || HandlerErrorType {
+        from_diesel: |error| error,
+        database_class: |_| None,
+    };
     let begun =
         transaction::begin_transaction(begin, conn, &HANDLER, id(), FastPath::Adaptive, None);
     if let Ok(transaction) = begun.await {
-        let _ = transaction.close(conn, true).await;
+        let _ = transaction.close(conn, Ok(()), error_type()).await;
     }
     let keys = batch::BatchKeys::new(&[()]).finish();
     let begun = batch::begin_batch(Begin::in_sequence(), keys, conn, &HANDLER);
     if let Ok(batch) = begun.await {
-        let _ = batch.close(conn, true).await;
+        let _ = batch.close(conn, Ok(()), error_type()).await;
     }
     let policy = ClaimPolicy::new(None, None, false);
     if let Ok(claimed) = protocol::claim_delivery(conn, &HANDLER, id(), policy, None).await {
-        let _ = claimed.close(conn, true).await;
+        let _ = claimed.close(conn, Ok(()), error_type()).await;
     }
 }

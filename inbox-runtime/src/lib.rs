@@ -94,7 +94,7 @@ pub use retention::Retention;
 #[cfg(feature = "retry")]
 pub use retry::{RetryPolicy, retry};
 #[doc(hidden)]
-pub use step::{Begun, Step};
+pub use step::{Begun, Ended, Ending, Step};
 #[doc(hidden)]
 pub use transaction::{Closed, Closing, InTransaction, Stopped, begin_transaction};
 pub use verdict::{

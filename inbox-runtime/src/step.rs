@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::body_scope::{DropScope, InBody};
+use crate::verdict::HandlerErrorType;
 
 /// A step before or after a handler's body. `Send`, as every diesel-async connection
 /// and its futures are, so that a handler's future is `Send` exactly when its body's is.
@@ -70,8 +71,65 @@ impl<C: ?Sized, S, R> Begun<C, S, R> {
         InBody::new(body, mem::take(&mut self.scope))
     }
 
-    /// Ends the delivery as the mode does when the body `succeeded`, or when it did not.
-    pub fn close(self, conn: &mut C, succeeded: bool) -> Step<'_, R> {
-        (self.close)(conn, self.state, succeeded)
+    /// Ends the delivery with the body's `result`: the mode's step after the body, as it
+    /// goes when the body succeeded or when it did not, then the handler's result. One
+    /// future for both, so that a handler awaits once after its body.
+    pub fn close<T, E>(
+        self,
+        conn: &mut C,
+        result: Result<T, E>,
+        error_type: HandlerErrorType<E>,
+    ) -> Ending<'_, R, T, E> {
+        Ending {
+            step: (self.close)(conn, self.state, result.is_ok()),
+            result: Some(result),
+            error_type,
+        }
+    }
+}
+
+/// How a mode's delivery that ran its body ends: its report, and the handler's result.
+#[doc(hidden)]
+pub trait Ended {
+    /// What the handler returns for a delivery that ran its body with `T`:
+    /// `Outcome<T>`, or a batch's `BatchOutcome<T>`.
+    type Outcome<T>;
+
+    /// The handler's result: the body's, unless the step after the body failed, whose
+    /// error then replaces it.
+    fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        error_type: &HandlerErrorType<E>,
+    ) -> Result<Self::Outcome<T>, E>;
+}
+
+/// The step after a handler's body, then the handler's result: generic over the body's
+/// value and error, not its future, so that handlers returning the same types share it.
+#[doc(hidden)]
+#[must_use = "a step does nothing unless awaited"]
+pub struct Ending<'c, R, T, E> {
+    step: Step<'c, R>,
+    /// The body's result, until the step has ended.
+    result: Option<Result<T, E>>,
+    error_type: HandlerErrorType<E>,
+}
+
+// Nothing of it is pinned in place: the step is boxed, and the result is moved out.
+impl<R, T, E> Unpin for Ending<'_, R, T, E> {}
+
+impl<R: Ended, T, E> Future for Ending<'_, R, T, E> {
+    type Output = Result<R::Outcome<T>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Poll::Ready(ended) = Pin::new(&mut this.step).poll(cx) else {
+            return Poll::Pending;
+        };
+        let result = this
+            .result
+            .take()
+            .expect("a handler's last step is not polled after it has ended");
+        Poll::Ready(ended.finish(result, &this.error_type))
     }
 }

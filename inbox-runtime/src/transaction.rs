@@ -19,7 +19,7 @@ use crate::handler::Handler;
 use crate::key::InvalidKey;
 use crate::outcome::{Outcome, Stop};
 use crate::report;
-use crate::step::{Begun, Step};
+use crate::step::{Begun, Ended, Step};
 use crate::test_transaction;
 use crate::verdict::HandlerErrorType;
 
@@ -116,7 +116,9 @@ pub struct Closed {
     closed: Result<(), Error>,
 }
 
-impl Closed {
+impl Ended for Closed {
+    type Outcome<T> = Outcome<T>;
+
     /// The handler's result: the body's, unless the transaction failed to end, whose
     /// error then replaces it.
     ///
@@ -125,7 +127,7 @@ impl Closed {
     /// that a missing impl is reported at the handler's signature. A handler error that
     /// holds a database error (the body's own constraint violation) marks the span's
     /// `error.type` with its class.
-    pub fn finish<T, E>(
+    fn finish<T, E>(
         self,
         result: Result<T, E>,
         error_type: &HandlerErrorType<E>,

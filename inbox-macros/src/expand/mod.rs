@@ -217,10 +217,7 @@ pub(crate) fn expand(handler: Handler, mut function: ItemFn) -> TokenStream {
         };
         #select
         let #result_value = #steps.body(#body_future).await;
-        #steps
-            .close(#connection_value, #result_value.is_ok())
-            .await
-            .finish(#result_value, &#error_type_value)
+        #steps.close(#connection_value, #result_value, #error_type_value).await
     };
     let braces = function.block.brace_token.span.join();
     let statements = quote! {
@@ -289,8 +286,9 @@ impl Hidden {
     /// as written, if it mentions that name: `key`, `fast_path` and `fingerprint` may
     /// use the connection. In a block of its own, so that the binding it makes does not
     /// shadow the signature's. The binding is a `&mut` borrow, reborrowed here.
-    fn reach(&self, expression: TokenStream) -> TokenStream {
-        if !mentioned_names(expression.clone()).contains(&self.visible.to_string()) {
+    /// `names` are the ones the expression as written mentions.
+    fn reach(&self, expression: TokenStream, names: &HashSet<String>) -> TokenStream {
+        if !names.contains(&self.visible.to_string()) {
             return expression;
         }
         let Self { visible, hidden } = self;
@@ -325,11 +323,12 @@ impl Renamed {
     /// `expression`, where each of these parameters it names is visible under its name
     /// as written.
     pub(crate) fn reach(&self, expression: TokenStream) -> TokenStream {
+        let names = mentioned_names(expression.clone());
         self.moved
             .iter()
             .chain([&self.connection])
             .fold(expression, |expression, parameter| {
-                parameter.reach(expression)
+                parameter.reach(expression, &names)
             })
     }
 }

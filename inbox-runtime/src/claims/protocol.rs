@@ -23,7 +23,7 @@ use crate::key::InvalidKey;
 use crate::outcome::Outcome;
 use crate::report;
 use crate::session_check;
-use crate::step::{Begun, Step};
+use crate::step::{Begun, Ended, Step};
 use crate::verdict::HandlerErrorType;
 
 /// How long a claim is held when the handler sets no `lease`: five minutes.
@@ -155,10 +155,12 @@ pub struct Settled {
     settled: Result<(), Error>,
 }
 
-impl Settled {
+impl Ended for Settled {
+    type Outcome<T> = Outcome<T>;
+
     /// The handler's result: the body's, unless the claim failed to settle, whose error
     /// then replaces it.
-    pub fn finish<T, E>(
+    fn finish<T, E>(
         self,
         result: Result<T, E>,
         error_type: &HandlerErrorType<E>,
