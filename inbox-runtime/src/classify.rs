@@ -341,6 +341,12 @@ mod tests {
             "SAVEPOINT diesel_savepoint_1 does not exist",
             "SAVEPOINT diesel_savepoint_2 existiert nicht",
             "SAVEPOINTdiesel_savepoint_1不存在",
+            // PostgreSQL out of room: a full disk (53100), memory (53200).
+            "could not extend file \"base/16384/16403\": No space left on device",
+            "could not extend file \"base/16384/16403\" with FileFallocate(): No space left \
+             on device",
+            "could not write to file \"base/pgsql_tmp/pgsql_tmp1.0\": No space left on device",
+            "out of memory",
         ] {
             assert_eq!(unknown(message), ErrorClass::Transient, "{message}");
         }

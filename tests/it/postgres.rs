@@ -162,6 +162,83 @@ fn server_log() -> Option<String> {
     )
 }
 
+/// A full disk refuses the marker ("could not extend file …: No space left on device",
+/// 53100): the message is retried in every way a handler's code carries the error,
+/// never dead-lettered, and once there is room again it applies once. The inbox moves to
+/// a tablespace on a 1 MiB tmpfs, filled up first.
+///
+/// Ignored, since mounting the tmpfs takes root: `.ci/run` runs it on its own
+/// (`--run-ignored only`), as root.
+#[tokio::test]
+#[ignore = "mounts a tmpfs for a tablespace, which takes root; run with --run-ignored"]
+async fn a_full_disk_is_retried() {
+    const PLACE: &str = "/tmp/diesel-inbox-full-disk";
+    const TABLESPACE: &str = "inbox_test_full_disk";
+    let Some(db) = create("full_disk").await else {
+        return;
+    };
+    let mut admin = db.connect().await;
+    // What a run that panicked left behind.
+    let _ = admin
+        .batch_execute(&format!("DROP TABLESPACE IF EXISTS {TABLESPACE}"))
+        .await;
+    let run = |command: &str| {
+        let status = std::process::Command::new("sh")
+            .args(["-c", command])
+            .status()
+            .expect("sh");
+        assert!(status.success(), "{command}");
+    };
+    run(&format!(
+        "umount {PLACE} 2>/dev/null; mkdir -p {PLACE} && \
+         mount -t tmpfs -o size=1m tmpfs {PLACE} && chown postgres:postgres {PLACE}"
+    ));
+    common::create_tables(&db, 1).await;
+    // One statement at a time: a batch runs as one transaction, which CREATE TABLESPACE
+    // refuses.
+    for statement in [
+        format!("CREATE TABLESPACE {TABLESPACE} LOCATION '{PLACE}'"),
+        format!("ALTER TABLE inbox SET TABLESPACE {TABLESPACE}"),
+        format!("CREATE TABLE filler (pad text) TABLESPACE {TABLESPACE}"),
+    ] {
+        admin.batch_execute(&statement).await.unwrap();
+    }
+    let filled = admin
+        .batch_execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 10000)")
+        .await
+        .expect_err("1 MiB holds no 10 MB");
+    assert_eq!(classify(&filled), ErrorClass::Transient, "{filled}");
+
+    let mut conn = db.connect().await;
+    let full = common::credit(&mut conn, &Credit::numbered(0))
+        .await
+        .expect_err("no room for the marker");
+    assert!(
+        full.to_string().contains("No space left on device"),
+        "{full}"
+    );
+    common::verdicts::assert_retried_in_every_shape(&full).await;
+    assert_eq!(common::balances(&db, 1).await, vec![0]);
+
+    admin.batch_execute("DROP TABLE filler").await.unwrap();
+    assert_eq!(
+        common::credit(&mut conn, &Credit::numbered(0))
+            .await
+            .unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(common::balances(&db, 1).await, vec![1]);
+
+    for statement in [
+        "ALTER TABLE inbox SET TABLESPACE pg_default".to_owned(),
+        format!("DROP TABLESPACE {TABLESPACE}"),
+    ] {
+        admin.batch_execute(&statement).await.unwrap();
+    }
+    run(&format!("umount {PLACE}"));
+    db.cleanup().await;
+}
+
 /// A duplicate must not raise a unique violation, which would write an `ERROR` line to
 /// the server log per duplicate. A raw duplicate insert shows that the log is read.
 ///

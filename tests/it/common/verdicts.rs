@@ -94,7 +94,7 @@ where
 }
 
 /// `error` is retried in every way a handler's code carries a database error.
-async fn assert_retried_in_every_shape(database: &Error) {
+pub async fn assert_retried_in_every_shape(database: &Error) {
     let error = || again(database);
     assert_retried("diesel::result::Error", error).await;
     assert_retried("thiserror #[from]", || RepoError::from(error())).await;

@@ -33,7 +33,10 @@ const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 /// deadlock, 55P03 lock not available, 57014 a statement cancelled (by `lock_timeout`,
 /// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
 /// waiting for another delivery is cut short this way), and 25P02, a transaction
-/// aborted by an earlier error that the handler did not propagate.
+/// aborted by an earlier error that the handler did not propagate. Also the server out
+/// of room: 53100, a disk full ("could not extend file …: No space left on device"), and
+/// 53200, out of memory. No message is at fault there, and dead-lettered, every message
+/// in flight while the disk was full would be lost to the dead letters.
 pub(crate) fn is_transient(message: &str) -> bool {
     [
         "deadlock detected",
@@ -43,9 +46,11 @@ pub(crate) fn is_transient(message: &str) -> bool {
         // wrapper that hides the kind leaves.
         "could not serialize access",
         ABORTED_TRANSACTION,
+        "out of memory",
     ]
     .iter()
     .any(|prefix| message.starts_with(prefix))
+        || message.ends_with(": No space left on device")
 }
 
 /// A statement that names the key's digest, on an inbox that this version's `migrate` has
