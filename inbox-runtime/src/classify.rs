@@ -347,6 +347,12 @@ mod tests {
              on device",
             "could not write to file \"base/pgsql_tmp/pgsql_tmp1.0\": No space left on device",
             "out of memory",
+            // MySQL/MariaDB out of room: a full table (InnoDB's full disk), in each
+            // language (Korean's ends in a space), and a file it could not write.
+            "The table 'accounts' is full",
+            "Tabelle 'accounts' ist voll",
+            "테이블 'accounts'가 full났습니다. ",
+            "Error writing file './test/accounts.ibd' (errno: 28 \"No space left on device\")",
         ] {
             assert_eq!(unknown(message), ErrorClass::Transient, "{message}");
         }

@@ -814,6 +814,58 @@ async fn snapshot_conflicts_are_retried() {
     db.cleanup().await;
 }
 
+/// A handler whose body writes into the table that `a_full_table_is_retried` fills.
+#[idempotent(consumer = "fill", key = key)]
+async fn fill(conn: &mut AsyncMysqlConnection, key: &str) -> Result<(), Error> {
+    conn.batch_execute("INSERT INTO filler (pad) VALUES (REPEAT('x', 1000))")
+        .await
+}
+
+/// A full table in a handler's body (InnoDB's answer to a full disk; here a MEMORY table
+/// at its `max_heap_table_size`) is retried in every way a handler's code carries it, in
+/// each server language, never dead-lettered; once there is room, the message applies
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_table_is_retried() {
+    let Some(db) = create("full_table").await else {
+        return;
+    };
+    bounded(async {
+        let mut admin = db.connect().await;
+        admin
+            .batch_execute(
+                "SET SESSION max_heap_table_size = 16384; \
+                 CREATE TABLE filler (pad VARCHAR(1000)) ENGINE = MEMORY",
+            )
+            .await
+            .unwrap();
+        let mut rows = 0;
+        while admin
+            .batch_execute("INSERT INTO filler (pad) VALUES (REPEAT('x', 1000))")
+            .await
+            .is_ok()
+        {
+            rows += 1;
+            assert!(rows < 1000, "16 KiB holds no 1 MB");
+        }
+        for language in ["en_US", "de_DE", "ja_JP", "ko_KR", "uk_UA"] {
+            let mut conn =
+                common::connect_with(&db, &format!("SET lc_messages = '{language}'")).await;
+            let full = fill(&mut conn, "m-1").await.expect_err("the table is full");
+            assert_eq!(classify(&full), ErrorClass::Transient, "{language}: {full}");
+            common::verdicts::assert_retried_in_every_shape(&full).await;
+        }
+        admin.batch_execute("DELETE FROM filler").await.unwrap();
+        let mut conn = db.connect().await;
+        assert_eq!(fill(&mut conn, "m-1").await, Ok(Outcome::Processed(())));
+        assert_eq!(fill(&mut conn, "m-1").await, Ok(Outcome::Duplicate));
+        let stored = select_i64(&mut admin, "SELECT COUNT(*) AS value FROM filler").await;
+        assert_eq!(stored.unwrap(), 1);
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// With the server speaking German, a duplicate is still a duplicate (in sequence and
 /// for a copy that waited), and a lock wait timeout is still worth a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1226,59 +1278,66 @@ async fn every_sql_mode_is_served() {
         "POSTGRESQL",
         "MAXDB",
         "EMPTY_STRING_IS_NULL,SIMULTANEOUS_ASSIGNMENT,PAD_CHAR_TO_FULL_LENGTH",
-    ];
-    bounded(async {
-        common::create_tables(&db, 4 * modes.len() as i64).await;
-        for (n, mode) in modes.iter().enumerate() {
-            let settings = format!("SET SESSION sql_mode = '{mode}'");
-            let mut conn = common::connect_with(&db, &settings).await;
-            diesel_inbox::migrate(&mut conn)
-                .await
-                .unwrap_or_else(|error| panic!("{mode}: {error}"));
-            let [single, batch_1, batch_2, claim] =
-                [0, 1, 2, 3].map(|i| Credit::numbered(4 * n as i64 + i));
-            assert_eq!(
-                common::credit(&mut conn, &single).await,
-                Ok(Outcome::Processed(())),
-                "{mode}"
-            );
-            assert_eq!(
-                common::credit_reading_first(&mut conn, &single).await,
-                Ok(Outcome::Duplicate),
-                "{mode}"
-            );
-            assert_eq!(
-                common::credit(&mut conn, &single).await,
-                Ok(Outcome::Duplicate),
-                "{mode}"
-            );
-            let batch = [batch_1.clone(), batch_2.clone()];
+    ]
+    .map(|mode| format!("SET SESSION sql_mode = '{mode}'"));
+    bounded(every_path_is_served(&db, &modes)).await;
+    db.cleanup().await;
+}
+
+/// Each path of the crate, in a session of each of `sessions`' settings: a handler, read
+/// first or not, a batch, a claim, their duplicates, `prune` and `list_stale`.
+async fn every_path_is_served(db: &MysqlDb, sessions: &[String]) {
+    common::create_tables(db, 4 * sessions.len() as i64).await;
+    for (n, settings) in sessions.iter().enumerate() {
+        let mut conn = common::connect_with(db, settings).await;
+        diesel_inbox::migrate(&mut conn)
+            .await
+            .unwrap_or_else(|error| panic!("{settings}: {error}"));
+        let [single, batch_1, batch_2, claim] =
+            [0, 1, 2, 3].map(|i| Credit::numbered(4 * n as i64 + i));
+        assert_eq!(
+            common::credit_reading_first(&mut conn, &single).await,
+            Ok(Outcome::Processed(())),
+            "{settings}"
+        );
+        assert_eq!(
+            common::credit_reading_first(&mut conn, &single).await,
+            Ok(Outcome::Duplicate),
+            "{settings}"
+        );
+        assert_eq!(
+            common::credit(&mut conn, &single).await,
+            Ok(Outcome::Duplicate),
+            "{settings}"
+        );
+        let batch = [batch_1.clone(), batch_2.clone()];
+        for processed in [2, 0] {
             let outcome = common::batch::batch_credit(&mut conn, &batch)
                 .await
-                .unwrap_or_else(|error| panic!("{mode}: {error}"));
-            assert_eq!(outcome.processed(), 2, "{mode}");
-            assert_eq!(
-                claimed(&mut conn, &claim).await,
-                Ok(Outcome::Processed(())),
-                "{mode}"
-            );
-            assert_eq!(
-                claimed(&mut conn, &claim).await,
-                Ok(Outcome::Duplicate),
-                "{mode}"
-            );
-            diesel_inbox::prune(&mut conn, Duration::from_secs(3600))
-                .await
-                .unwrap_or_else(|error| panic!("{mode}: {error}"));
-            diesel_inbox::claims::list_stale(&mut conn)
-                .await
-                .unwrap_or_else(|error| panic!("{mode}: {error}"));
+                .unwrap_or_else(|error| panic!("{settings}: {error}"));
+            assert_eq!(outcome.processed(), processed, "{settings}");
         }
-        let balances = common::balances(&db, 4 * modes.len() as i64).await;
-        assert!(balances.iter().all(|&balance| balance == 1), "{balances:?}");
-    })
-    .await;
-    db.cleanup().await;
+        assert_eq!(
+            claimed(&mut conn, &claim).await,
+            Ok(Outcome::Processed(())),
+            "{settings}"
+        );
+        assert_eq!(
+            claimed(&mut conn, &claim).await,
+            Ok(Outcome::Duplicate),
+            "{settings}"
+        );
+        diesel_inbox::claims::list_stale(&mut conn)
+            .await
+            .unwrap_or_else(|error| panic!("{settings}: {error}"));
+        // A window of nothing prunes every marker of the session's four.
+        let pruned = diesel_inbox::prune(&mut conn, Duration::ZERO)
+            .await
+            .unwrap_or_else(|error| panic!("{settings}: {error}"));
+        assert_eq!(pruned, 4, "{settings}");
+    }
+    let balances = common::balances(db, 4 * sessions.len() as i64).await;
+    assert!(balances.iter().all(|&balance| balance == 1), "{balances:?}");
 }
 
 /// A claim-mode handler whose body says it `entered`, then waits for `release`.

@@ -170,6 +170,36 @@ pub(crate) fn lacks_key_digest(message: &str) -> bool {
 }
 
 /// 1020, a row that another transaction changed after this one's snapshot read it:
+/// 1114, a table that is full: InnoDB's answer when the disk is (a MEMORY table's at its
+/// `max_heap_table_size`). No message is at fault, and dead-lettered, every message in
+/// flight while the disk was full would be lost to the dead letters. Each translation,
+/// as the text before and after the table's name.
+const TABLE_FULL_MESSAGES: &[(&str, &str)] = &[
+    ("表'", "'已满"),
+    ("Tabulka '", "' je plná"),
+    ("Tabellen '", "' er fuld"),
+    ("The table '", "' is full"),
+    ("Tabel '", "' on täis"),
+    ("La table '", "' est pleine"),
+    ("Tabelle '", "' ist voll"),
+    ("ცხრილი '", "' სავსეა"),
+    ("Ο πίνακας '", "' είναι γεμάτος"),
+    ("टेबल '", "' पूरा भरा है"),
+    ("A '", "' tabla megtelt"),
+    ("La tabella '", "' e` piena"),
+    ("表 '", "' は満杯です。"),
+    ("테이블 '", "'가 full났습니다."),
+    ("De tabel '", "' is vol"),
+    ("Tabela '", "' está cheia"),
+    ("Tabela '", "' e plina"),
+    ("Таблица '", "' переполнена"),
+    ("Tabela '", "' je popunjena do kraja"),
+    ("Tabuľka '", "' je plná"),
+    ("La tabla '", "' está llena"),
+    ("Tabellen '", "' är full"),
+    ("Таблиця '", "' заповнена"),
+];
+
 /// MariaDB's `innodb_snapshot_isolation`, on by default from 11.6, refuses the write or
 /// locking read at REPEATABLE READ and rolls the transaction back. A retry reads the row
 /// afresh. Each translation, as the text before and after the table's name.
@@ -267,17 +297,27 @@ const RECORD_CHANGED_MESSAGES: &[(&str, &str)] = &[
 
 /// Whether a MySQL/MariaDB error that diesel-async reports as `Unknown` is worth a
 /// retry: lock conflicts, snapshot conflicts and interrupted waits in any server
-/// language, and a transaction rolled back under a nested savepoint.
+/// language, a table or disk that is full, and a transaction rolled back under a nested
+/// savepoint.
 pub(crate) fn is_transient(message: &str) -> bool {
     RETRYABLE_SERVER_MESSAGES
         .iter()
         .any(|text| message.starts_with(text))
-        || RECORD_CHANGED_MESSAGES.iter().any(|(before, after)| {
-            message.len() >= before.len() + after.len()
-                && message.starts_with(before)
-                && message.ends_with(after)
-        })
+        || names_a_table(message, RECORD_CHANGED_MESSAGES)
+        || names_a_table(message, TABLE_FULL_MESSAGES)
+        // 3, a file the server could not write, for want of room (errno 28).
+        || message.contains("28 \"No space left on device\")")
         || is_lost_diesel_savepoint(message)
+}
+
+/// Whether `message` is one of `texts`, each the text before and after a table's name.
+fn names_a_table(message: &str, texts: &[(&str, &str)]) -> bool {
+    let message = message.trim_end();
+    texts.iter().any(|(before, after)| {
+        message.len() >= before.len() + after.len()
+            && message.starts_with(before)
+            && message.ends_with(after)
+    })
 }
 
 /// The driver's texts for a connection that is gone, and a Galera node's for having left
