@@ -101,6 +101,8 @@ outbox_scenarios!(
         "SET character_set_client = latin1",
         "SET collation_connection = utf8mb3_general_ci",
         "SET character_set_connection = utf16",
+        // Every read of the relay's has a `LIMIT` of its own.
+        "SET sql_select_limit = 0",
     ],
 );
 batch_scenarios!(create, swallowed = "ROLLBACK");
@@ -1281,6 +1283,20 @@ async fn every_sql_mode_is_served() {
     ]
     .map(|mode| format!("SET SESSION sql_mode = '{mode}'"));
     bounded(every_path_is_served(&db, &modes)).await;
+    db.cleanup().await;
+}
+
+/// Every path works in a session whose `SELECT`s return at most `sql_select_limit` rows
+/// (a client's safety net, as database tools set it). At 0 each of the crate's reads
+/// found no row: `migrate` failed, and a message read first was dead-lettered
+/// (`NotFound`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_select_limit_is_served() {
+    let Some(db) = create("select_limits").await else {
+        return;
+    };
+    let limits = [0, 1].map(|limit| format!("SET SESSION sql_select_limit = {limit}"));
+    bounded(every_path_is_served(&db, &limits)).await;
     db.cleanup().await;
 }
 

@@ -18,6 +18,7 @@ use crate::backend::claim_statements::{
 use crate::backend::prepared::Prepared;
 use crate::backend::queries::hex_digits;
 
+use super::EVERY_ROW;
 use super::call::Call;
 
 /// A claim nobody holds: not completed, and released or past its lease.
@@ -211,7 +212,7 @@ impl ClaimStatements for Mysql {
             "SELECT message_id, consumer, attempts, claim_token IS NULL AS released, \
              TIMESTAMPDIFF(MICROSECOND, processed_at, UTC_TIMESTAMP(6)) AS age_micros, \
              TIMESTAMPDIFF(MICROSECOND, lease_ends_at, UTC_TIMESTAMP(6)) AS idle_micros \
-             FROM inbox WHERE {STALE} ORDER BY id"
+             FROM inbox WHERE {STALE} ORDER BY id {EVERY_ROW}"
         )))
         .load(&mut *conn)
         .await;
@@ -253,7 +254,7 @@ where
 {
     let call = Call::start(conn)?;
     let rows = Prepared(bind_key!(
-        diesel::sql_query(format!("{sql}{BY_KEY}")),
+        diesel::sql_query(format!("{sql}{BY_KEY} LIMIT 1")),
         key.message_id,
         key.consumer
     ))

@@ -56,7 +56,7 @@ pub(super) async fn take_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let lock = format!("SELECT GET_LOCK('{UPGRADE_LOCK}', 3600) AS value");
+    let lock = format!("SELECT GET_LOCK('{UPGRADE_LOCK}', 3600) AS value LIMIT 1");
     if number(conn, &lock).await? == Some(1) {
         Ok(())
     } else {
@@ -72,7 +72,7 @@ pub(super) async fn release_upgrade_lock<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = Mysql>,
 {
-    let release = format!("SELECT RELEASE_LOCK('{UPGRADE_LOCK}') AS value");
+    let release = format!("SELECT RELEASE_LOCK('{UPGRADE_LOCK}') AS value LIMIT 1");
     while number(conn, &release).await? == Some(1) {}
     Ok(())
 }

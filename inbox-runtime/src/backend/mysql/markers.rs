@@ -109,7 +109,7 @@ where
     let read = Prepared(bind_key!(
         diesel::sql_query(format!(
             "SELECT (SELECT lease_ends_at IS NULL FROM inbox {BY_KEY} LOCK IN SHARE MODE) \
-             AS processed, @@autocommit = 0 AS opened_transaction"
+             AS processed, @@autocommit = 0 AS opened_transaction LIMIT 1"
         )),
         message_id,
         consumer
@@ -125,7 +125,7 @@ where
             Prepared(bind_key!(
                 diesel::sql_query(format!(
                     "SELECT IF(EXISTS (SELECT 1 FROM inbox {BY_KEY} LOCK IN SHARE MODE), \
-                     TRUE, NULL) AS processed, @@autocommit = 0 AS opened_transaction"
+                     TRUE, NULL) AS processed, @@autocommit = 0 AS opened_transaction LIMIT 1"
                 )),
                 message_id,
                 consumer
@@ -216,7 +216,7 @@ where
     let Found { found: on_digest } = diesel::sql_query(format!(
         "SELECT EXISTS (SELECT 1 FROM information_schema.statistics \
          WHERE table_schema = DATABASE() AND table_name = 'inbox' \
-         AND index_name = '{INDEX_NAME}' AND column_name = 'key_digest') AS found"
+         AND index_name = '{INDEX_NAME}' AND column_name = 'key_digest') AS found LIMIT 1"
     ))
     .get_result(conn)
     .await?;
@@ -227,7 +227,7 @@ where
         diesel::sql_query(concat!(
             "SELECT message_id, consumer FROM inbox WHERE key_digest = ",
             digest_of_placeholders!(),
-            " LOCK IN SHARE MODE"
+            " LIMIT 1 LOCK IN SHARE MODE"
         ))
         .bind::<Text, _>(hex_digits(consumer))
         .bind::<Text, _>(hex_digits(message_id)),

@@ -154,6 +154,13 @@ const CHECKED_INSERT: &str = checked_insert!();
 #[cfg(feature = "mysql")]
 const OWN_COLUMN: &str = "key_digest";
 
+/// A `LIMIT` that keeps every row. A session's `sql_select_limit` (a client's safety net,
+/// as database tools set it) cuts the rows of every `SELECT` without a `LIMIT` of its
+/// own, to none at 0: each of the crate's reads has one, `LIMIT 1` where one row is
+/// read.
+#[cfg(feature = "mysql")]
+const EVERY_ROW: &str = "LIMIT 18446744073709551615";
+
 /// The shape of the marker inserts bound as parameters.
 #[cfg(feature = "mysql")]
 const MARKER_INSERT: super::queries::InsertShape = super::queries::InsertShape {

@@ -9,6 +9,7 @@ use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
+use super::EVERY_ROW;
 use super::markers::bytes_of_placeholder;
 use crate::backend::outbox_statements::{
     DeletedKey, LastSeq, NewOutgoing, OUTGOING_COLUMNS, OutboxStatements, OutgoingRow, due, id_list,
@@ -75,7 +76,7 @@ impl OutboxStatements for Mysql {
         let key = hex_digits(&ordering_key);
         conn.batch_execute(&format!(
             "SELECT COALESCE(MAX(ordering_seq), 0) INTO @inbox_outbox_seq FROM inbox_outbox \
-             WHERE ordering_key = X'{key}' AND sent_at IS NULL; \
+             WHERE ordering_key = X'{key}' AND sent_at IS NULL LIMIT 1; \
              INSERT INTO inbox_outbox_keys (ordering_key, last_seq) \
              VALUES (X'{key}', @inbox_outbox_seq + 1) \
              ON DUPLICATE KEY UPDATE last_seq = inbox_outbox_keys.last_seq + 1"
@@ -84,7 +85,8 @@ impl OutboxStatements for Mysql {
         let LastSeq { last_seq } = Prepared(
             diesel::sql_query(concat!(
                 "SELECT last_seq FROM inbox_outbox_keys WHERE ordering_key = ",
-                bytes_of_placeholder!()
+                bytes_of_placeholder!(),
+                " LIMIT 1"
             ))
             .bind::<Text, _>(key),
         )
@@ -325,7 +327,7 @@ where
     .await?;
     diesel::sql_query(format!(
         "SELECT {OUTGOING_COLUMNS} FROM inbox_outbox WHERE id IN ({ids}) \
-         AND relay_token = {token_bytes} ORDER BY id",
+         AND relay_token = {token_bytes} ORDER BY id {EVERY_ROW}",
         token_bytes = bytes_of_placeholder!()
     ))
     .bind::<Text, _>(hex_digits(&token))
@@ -376,7 +378,7 @@ where
     let parked: Vec<SentRow> = Prepared(
         diesel::sql_query(
             "SELECT id, ordering_key FROM inbox_outbox \
-             WHERE id = ? AND parked AND sent_at IS NULL FOR UPDATE",
+             WHERE id = ? AND parked AND sent_at IS NULL LIMIT 1 FOR UPDATE",
         )
         .bind::<BigInt, _>(id),
     )
@@ -407,7 +409,7 @@ where
     // delete then neither waits for a handler nor deadlocks with another pruner.
     let mut locking = diesel::sql_query(format!(
         "SELECT ordering_key FROM inbox_outbox_keys WHERE ordering_key IN ({placeholders}) \
-         ORDER BY ordering_key FOR UPDATE SKIP LOCKED"
+         ORDER BY ordering_key {EVERY_ROW} FOR UPDATE SKIP LOCKED"
     ))
     .into_boxed();
     for key in &ordering_keys {

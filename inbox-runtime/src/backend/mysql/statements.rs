@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use diesel::OptionalExtension as _;
+use diesel::QueryDsl as _;
 use diesel::QueryResult;
 use diesel::mysql::Mysql;
 use diesel::result::{DatabaseErrorKind, Error};
@@ -64,7 +65,8 @@ const AFTER_MARKER_INSERT: &str = concat!(
 impl sealed::Sealed for Mysql {
     inbox_seen!(format!(
         "SELECT CAST(COUNT(*) AS SIGNED) AS tables, CAST({} AS SIGNED) AS indexed \
-         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'inbox'",
+         FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'inbox' \
+         LIMIT 1",
         inbox_index_is_there()
     ));
 
@@ -261,7 +263,7 @@ impl sealed::Sealed for Mysql {
         // a DELETE's locks left held would stop every handler's marker insert, and a
         // read's hold on the table any change of it.
         let bounds = Prepared(diesel::sql_query(
-            "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox",
+            "SELECT MIN(id) AS start, MAX(id) + 1 AS end FROM inbox LIMIT 1",
         ))
         .get_result::<PruneBounds>(conn)
         .await
@@ -517,7 +519,9 @@ impl SavepointBackend for Mysql {
         C: AsyncConnection<Backend = Self>,
     {
         // Rare: only after the transaction ended underneath the body.
-        diesel::select(diesel::dsl::sql::<Bool>(own_marker_exists!())).get_result(conn)
+        diesel::select(diesel::dsl::sql::<Bool>(own_marker_exists!()))
+            .limit(1)
+            .get_result(conn)
     }
 }
 
@@ -601,6 +605,7 @@ where
          WHERE table_schema = DATABASE() AND table_name = 'inbox' \
          AND column_name IN ('lease_ends_at', 'claim_token', 'attempts', 'fingerprint')) = 4",
     ))
+    .limit(1)
     .get_result(conn)
     .await
 }
@@ -620,6 +625,7 @@ where
          WHERE table_schema = DATABASE() AND table_name IN ({names})) = {}",
         tables.len()
     )))
+    .limit(1)
     .get_result(conn)
     .await
 }
@@ -634,6 +640,7 @@ where
         "(SELECT UPPER(engine) = 'INNODB' FROM information_schema.tables \
          WHERE table_schema = DATABASE() AND table_name = 'inbox')",
     ))
+    .limit(1)
     .get_result(conn)
     .await
 }
@@ -651,6 +658,7 @@ where
          AND column_name = 'processed_at' \
          AND LOWER(column_default) LIKE 'utc_timestamp%')",
     ))
+    .limit(1)
     .get_result(conn)
     .await
 }
@@ -661,6 +669,7 @@ where
 {
     let query = inbox_index_is_there();
     diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&query))
+        .limit(1)
         .get_result(conn)
         .await
 }

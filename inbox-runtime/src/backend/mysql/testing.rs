@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use diesel::QueryDsl as _;
 use diesel::QueryResult;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
@@ -83,7 +84,9 @@ impl TestConnection for AsyncMysqlConnection {
         conn: &mut Self,
         sql: String,
     ) -> impl Future<Output = QueryResult<i64>> + Send + use<'_> {
-        diesel::select(diesel::dsl::sql::<BigInt>(&sql)).get_result(conn)
+        diesel::select(diesel::dsl::sql::<BigInt>(&sql))
+            .limit(1)
+            .get_result(conn)
     }
 }
 

@@ -39,7 +39,7 @@ where
          AND column_name = 'key_digest') AS `column`, \
          EXISTS (SELECT 1 FROM information_schema.statistics \
          WHERE table_schema = DATABASE() AND table_name = 'inbox' \
-         AND index_name = '{INDEX_NAME}' AND column_name = 'key_digest') AS `index`"
+         AND index_name = '{INDEX_NAME}' AND column_name = 'key_digest') AS `index` LIMIT 1"
     ))
     .get_result(conn)
     .await
@@ -63,7 +63,7 @@ where
     if state.index {
         return Ok(());
     }
-    let any = "SELECT COUNT(*) AS value FROM (SELECT 1 FROM inbox LIMIT 1) AS any";
+    let any = "SELECT COUNT(*) AS value FROM (SELECT 1 FROM inbox LIMIT 1) AS any LIMIT 1";
     if ddl::number(conn, any).await? == Some(0) {
         swap(conn).await
     } else {
