@@ -347,6 +347,13 @@ mod tests {
              on device",
             "could not write to file \"base/pgsql_tmp/pgsql_tmp1.0\": No space left on device",
             "out of memory",
+            // PostgreSQL in other languages, a relation's name where its texts have one.
+            "Verklemmung (Deadlock) entdeckt",
+            "storniere Anfrage wegen Zeitüberschreitung einer Sperre",
+            "\"accounts\" 릴레이션의 잠금 정보를 구할 수 없음",
+            "la transaction est annulée, les commandes sont ignorées jusqu'à la fin du bloc\n\
+             de la transaction",
+            "メモリ不足です",
             // MySQL/MariaDB out of room: a full table (InnoDB's full disk), in each
             // language (Korean's ends in a space), and a file it could not write.
             "The table 'accounts' is full",

@@ -162,6 +162,44 @@ fn server_log() -> Option<String> {
     )
 }
 
+/// A server that speaks another language (`lc_messages`, which `initdb` takes from the
+/// system's locale) words its errors in it. A lock time-out is still retried in every
+/// way a handler's code carries it, and a body that carried on past an error still
+/// learns that its transaction was rolled back underneath it. In German, French or
+/// Japanese both were dead-lettered. (`.ci/run` generates the three locales.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn localized_server_messages_are_recognised() {
+    for language in ["de_DE", "fr_FR", "ja_JP"] {
+        let Some(db) = create(&format!("localized_{}", language.to_lowercase())).await else {
+            return;
+        };
+        let speaking = format!("SET lc_messages = '{language}.UTF-8'");
+        let lock_wait = format!("{speaking}; SET lock_timeout = '100ms'");
+        bounded(common::verdicts::wrapped_database_errors_are_retried(
+            db.clone(),
+            &lock_wait,
+        ))
+        .await;
+        let mut conn = common::connect_with(&db, &speaking).await;
+        let swallowed = Credit {
+            message_id: format!("swallowed-{language}"),
+            account: 0,
+            amount: 1,
+        };
+        let error = swallowing_credit(&mut conn, &swallowed)
+            .await
+            .expect_err("the transaction was aborted");
+        assert!(
+            error
+                .to_string()
+                .starts_with("the handler's transaction was rolled back"),
+            "{language}: {error}"
+        );
+        assert_eq!(classify(&error), ErrorClass::Transient, "{language}");
+        db.cleanup().await;
+    }
+}
+
 /// A full disk refuses the marker ("could not extend file …: No space left on device",
 /// 53100): the message is retried in every way a handler's code carries the error,
 /// never dead-lettered, and once there is room again it applies once. The inbox moves to

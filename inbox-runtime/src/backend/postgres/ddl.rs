@@ -59,6 +59,6 @@ fn is_lock_timeout(error: &Error) -> bool {
     matches!(
         error,
         Error::DatabaseError(_, info)
-            if info.message().starts_with("canceling statement due to lock timeout")
+            if super::is_lock_timeout(info.message())
     )
 }

@@ -28,8 +28,9 @@ const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 /// aborted.
 const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 
-/// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by
-/// (in the server's `lc_messages` language; these are the English texts): 40P01
+/// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by,
+/// in the server's `lc_messages` language (the English texts here, the others in
+/// [`TRANSLATED_TRANSIENT`] and the lists beside it): 40P01
 /// deadlock, 55P03 lock not available, 57014 a statement cancelled (by `lock_timeout`,
 /// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
 /// waiting for another delivery is cut short this way), and 25P02, a transaction
@@ -51,7 +52,189 @@ pub(crate) fn is_transient(message: &str) -> bool {
     .iter()
     .any(|prefix| message.starts_with(prefix))
         || message.ends_with(": No space left on device")
+        || is_aborted_transaction(message)
+        || is_lock_timeout(message)
+        || TRANSLATED_TRANSIENT.iter().any(|(before, after)| {
+            message.len() >= before.len() + after.len()
+                && message.starts_with(before)
+                && message.trim_end().ends_with(after)
+        })
 }
+
+/// 25P02, in the server's language: a statement in a transaction that an earlier error
+/// aborted.
+pub(crate) fn is_aborted_transaction(message: &str) -> bool {
+    message.starts_with(ABORTED_TRANSACTION)
+        || TRANSLATED_ABORTED
+            .iter()
+            .any(|text| message.starts_with(text))
+}
+
+/// 57014 for a lock time-out (`lock_timeout`), in the server's language.
+pub(crate) fn is_lock_timeout(message: &str) -> bool {
+    message.starts_with("canceling statement due to lock timeout")
+        || TRANSLATED_LOCK_TIMEOUT
+            .iter()
+            .any(|text| message.starts_with(text))
+}
+
+/// [`ABORTED_TRANSACTION`] in each language [`TRANSLATED_TRANSIENT`] lists.
+#[rustfmt::skip]
+const TRANSLATED_ABORTED: &[&str] = &[
+    "aktuelle Transaktion wurde abgebrochen, Befehle werden bis zum Ende der Transaktion ignoriert", // de
+    "transacción abortada, las órdenes serán ignoradas hasta el fin de bloque de transacción", // es
+    "la transaction est annulée, les commandes sont ignorées jusqu'à la fin du bloc\nde la transaction", // fr
+    "la transazione corrente è interrotta, i comandi saranno ignorati fino alla fine del blocco della transazione", // it
+    "現在のトランザクションがアボートしました。トランザクションブロックが終わるまでコマンドは無視されます", // ja
+    "현재 트랜잭션은 중지되어 있습니다. 이 트랜잭션을 종료하기 전까지는 모든 명령이 무시될 것입니다", // ko
+    "текущая транзакция прервана, команды до конца блока транзакции игнорируются", // ru
+    "aktuella transaktionen har avbrutits, alla kommandon ignoreras tills slutet på transaktionen", // sv
+    "поточна транзакція перервана, команди до кінця блока транзакції пропускаються", // uk
+    "当前事务已中止，事务块结束之前的命令将被忽略", // zh_CN
+    "目前交易已中止，忽略指令直到交易區塊結尾", // zh_TW
+];
+
+/// 57014 for a lock time-out, in each language [`TRANSLATED_TRANSIENT`] lists.
+#[rustfmt::skip]
+const TRANSLATED_LOCK_TIMEOUT: &[&str] = &[
+    "storniere Anfrage wegen Zeitüberschreitung einer Sperre", // de
+    "cancelando la sentencia debido a que se agotó el tiempo de espera de candados (locks)", // es
+    "annulation de la requête à cause du délai écoulé pour l'obtention des verrous", // fr
+    "annullamento dell'istruzione a causa di timeout di lock", // it
+    "ロックのタイムアウトのためステートメントをキャンセルしています", // ja
+    "გამოსახულება გაუქმდება ბლოკის მოლოდინის ვადის ამოწურვის გამო", // ka
+    "잠금 대기 시간 초과로 작업을 취소합니다.", // ko
+    "выполнение оператора отменено из-за тайм-аута блокировки", // ru
+    "avbryter sats på grund av lås-timeout", // sv
+    "виконання оператора скасовано через тайм-аут блокування", // uk
+    "由于锁超时，正在取消语句", // zh_CN
+    "由於鎖定逾時，正在取消敘述", // zh_TW
+];
+
+/// [`is_transient`]'s messages in each language that PostgreSQL translates them into, as
+/// a server's `lc_messages` says (which `initdb` takes from the system's locale: a
+/// server set up in German writes German). Each as the text before and after the
+/// relation's name, or whole where it names none. PostgreSQL 15's translations; a
+/// server whose translation words one differently writes one that is not here, which
+/// is dead-lettered as before.
+#[rustfmt::skip]
+const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
+    ("Verklemmung (Deadlock) entdeckt", ""), // de
+    ("konnte Sperre für Zeile in Relation »", "« nicht setzen"), // de
+    ("konnte Sperre für Relation »", "« nicht setzen"), // de
+    ("storniere Anfrage wegen Zeitüberschreitung der Anfrage", ""), // de
+    ("storniere Anfrage wegen Benutzeraufforderung", ""), // de
+    ("storniere Anfrage wegen Konflikt mit der Wiederherstellung", ""), // de
+    ("konnte Zugriff nicht serialisieren wegen gleichzeitiger Aktualisierung", ""), // de
+    ("konnte Zugriff nicht serialisieren wegen Lese-/Schreib-Abhängigkeiten zwischen Transaktionen", ""), // de
+    ("konnte Zugriff nicht serialisieren wegen gleichzeitigem Löschen", ""), // de
+    ("Speicher aufgebraucht", ""), // de
+    ("se ha detectado un deadlock", ""), // es
+    ("no se pudo bloquear un candado en la fila de la relación «", "»"), // es
+    ("no se pudo bloquear un candado en la relación «", "»"), // es
+    ("cancelando la sentencia debido a que se agotó el tiempo de espera de sentencias", ""), // es
+    ("cancelando la sentencia debido a una petición del usuario", ""), // es
+    ("cancelando la sentencia debido a un conflicto con la recuperación", ""), // es
+    ("no se pudo serializar el acceso debido a un update concurrente", ""), // es
+    ("no se pudo serializar el acceso debido a dependencias read/write entre transacciones", ""), // es
+    ("no se pudo serializar el acceso debido a un delete concurrente", ""), // es
+    ("memoria agotada", ""), // es
+    ("interblocage (deadlock) détecté", ""), // fr
+    ("n'a pas pu obtenir un verrou sur la relation « ", " »"), // fr
+    ("annulation de la requête à cause du délai écoulé pour l'exécution de l'instruction", ""), // fr
+    ("annulation de la requête à la demande de l'utilisateur", ""), // fr
+    ("annulation de la requête à cause d'un conflit avec la restauration", ""), // fr
+    ("n'a pas pu sérialiser un accès à cause d'une mise à jour en parallèle", ""), // fr
+    ("n'a pas pu sérialiser un accès à cause des dépendances de lecture/écriture\nparmi les transactions", ""), // fr
+    ("n'a pas pu sérialiser un accès à cause d'une suppression en parallèle", ""), // fr
+    ("mémoire épuisée", ""), // fr
+    ("rilevato deadlock", ""), // it
+    ("lock di riga nella relazione \"", "\" fallito"), // it
+    ("lock della relazione \"", "\" fallito"), // it
+    ("annullamento dell'istruzione a causa di timeout", ""), // it
+    ("annullamento dell'istruzione su richiesta dell'utente", ""), // it
+    ("annullamento dell'istruzione a causa di un conflitto con il ripristino", ""), // it
+    ("serializzazione dell'accesso fallita a causa di modifiche concorrenti", ""), // it
+    ("serializzazione dell'accesso fallita a causa di dipendenze di lettura/scrittura tra le transazioni", ""), // it
+    ("impossibile serializzare l'accesso a causa dell'eliminazione simultanea", ""), // it
+    ("memoria esaurita", ""), // it
+    ("デッドロックを検出しました", ""), // ja
+    ("リレーション\"", "\"の行ロックを取得できませんでした"), // ja
+    ("リレーション\"", "\"のロックを取得できませんでした"), // ja
+    ("ステートメントのタイムアウトのためステートメントをキャンセルしています", ""), // ja
+    ("ユーザーからの要求により文をキャンセルしています", ""), // ja
+    ("リカバリで競合が発生したためステートメントをキャンセルしています", ""), // ja
+    ("更新が同時に行われたためアクセスの直列化ができませんでした", ""), // ja
+    ("トランザクション間で read/write の依存性があったため、アクセスの直列化ができませんでした", ""), // ja
+    ("削除が同時に行われたためアクセスの直列化ができませんでした", ""), // ja
+    ("メモリ不足です", ""), // ja
+    ("ნაპოვნია ურთიერთბლოკირება", ""), // ka
+    ("ურთიერთობაში \"", "\" მწკრივის დაბლოკვის შეცდომა"), // ka
+    ("ბლოკის მიღების შეცდომა ურთიერთობაზე ", "\""), // ka
+    ("გამოსახულების გაუქმება აღდგენასთან კონფლიქტის გამო", ""), // ka
+    ("ერთდროული განახლების გამო წვდომის სერიალიზაცია შეუძლებელია", ""), // ka
+    ("ერთდროული წაშლის გამო წვდომის სერიალიზაცია შეუძლებელია", ""), // ka
+    ("არასაკმარისი მეხსიერება", ""), // ka
+    ("deadlock 발생했음", ""), // ko
+    ("\"", "\" 릴레이션의 잠금 정보를 구할 수 없음"), // ko
+    ("명령실행시간 초과로 작업을 취소합니다.", ""), // ko
+    ("사용자 요청에 의해 작업을 취소합니다.", ""), // ko
+    ("복구 작업 중 충돌이 발생해 작업을 중지합니다.", ""), // ko
+    ("동시 업데이트 때문에 순차적 액세스가 불가능합니다", ""), // ko
+    ("트랜잭션간 읽기/쓰기 의존성 때문에 serialize 접근을 할 수 없음", ""), // ko
+    ("동시 삭제 작업 때문에 순차적 액세스가 불가능합니다", ""), // ko
+    ("메모리 부족", ""), // ko
+    ("обнаружена взаимоблокировка", ""), // ru
+    ("не удалось получить блокировку строки в таблице \"", "\""), // ru
+    ("не удалось получить блокировку таблицы \"", "\""), // ru
+    ("выполнение оператора отменено из-за тайм-аута", ""), // ru
+    ("выполнение оператора отменено по запросу пользователя", ""), // ru
+    ("выполнение оператора отменено из-за конфликта с процессом восстановления", ""), // ru
+    ("не удалось сериализовать доступ из-за параллельного изменения", ""), // ru
+    ("не удалось сериализовать доступ из-за зависимостей чтения/записи между транзакциями", ""), // ru
+    ("не удалось сериализовать доступ из-за параллельного удаления", ""), // ru
+    ("нехватка памяти", ""), // ru
+    ("deadlock upptäckt", ""), // sv
+    ("kunde inte låsa rad i relationen \"", "\""), // sv
+    ("kunde inte ta lås på relationen \"", "\""), // sv
+    ("avbryter sats på grund av sats-timeout", ""), // sv
+    ("avbryter sats på användares begäran", ""), // sv
+    ("avbryter sats på grund av konflikt med återställning", ""), // sv
+    ("kunde inte serialisera åtkomst på grund av samtidig uppdatering", ""), // sv
+    ("kunde inte serialisera åtkomst på grund av läs/skriv-beroenden bland transaktionerna", ""), // sv
+    ("kunde inte serialisera åtkomst på grund av samtidig borttagning", ""), // sv
+    ("slut på minne", ""), // sv
+    ("виявлено взаємне блокування", ""), // uk
+    ("не вдалося отримати блокування у рядку стосовно \"", "\""), // uk
+    ("не вдалося отримати блокування зв'язку \"", "\""), // uk
+    ("виконання оператора скасовано через тайм-аут", ""), // uk
+    ("виконання оператора скасовано по запиту користувача", ""), // uk
+    ("виконання оператора скасовано через конфлікт з процесом відновлення", ""), // uk
+    ("не вдалося серіалізувати доступ через паралельне оновлення", ""), // uk
+    ("не вдалося серіалізувати доступ через залежність читання/запису серед транзакцій", ""), // uk
+    ("не вдалося серіалізувати доступ через паралельне видалення", ""), // uk
+    ("недостатньо пам'яті", ""), // uk
+    ("检测到死锁", ""), // zh_CN
+    ("无法获取关系 \"", "\" 中行的锁"), // zh_CN
+    ("无法获取关系 \"", "\" 上的锁"), // zh_CN
+    ("由于语句执行超时，正在取消语句", ""), // zh_CN
+    ("由于用户请求，正在取消语句", ""), // zh_CN
+    ("由于与恢复操作冲突，正在取消语句", ""), // zh_CN
+    ("由于并发更新，无法串行化访问", ""), // zh_CN
+    ("由于事务间的读写依赖，无法串行化访问", ""), // zh_CN
+    ("由于并发删除，无法串行化访问", ""), // zh_CN
+    ("内存不足", ""), // zh_CN
+    ("發現死結", ""), // zh_TW
+    ("無法取得關聯 \"", "\" 中的資料列鎖定"), // zh_TW
+    ("無法取得關聯 \"", "\" 的鎖定"), // zh_TW
+    ("因為陳述式逾時，正在取消陳述式", ""), // zh_TW
+    ("因為使用者要求，正在取消陳述式", ""), // zh_TW
+    ("因為與復原衝突，正在取消陳述式", ""), // zh_TW
+    ("因為並行更新，無法序列化存取", ""), // zh_TW
+    ("由於交易間的讀寫相依，無法序列化存取", ""), // zh_TW
+    ("由於並行刪除，無法序列化存取", ""), // zh_TW
+    ("記憶體不足", ""), // zh_TW
+];
 
 /// A statement that names the key's digest, on an inbox that this version's `migrate` has
 /// not reached yet (instances upgrading one by one, or a migration not yet applied):

@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl, TransactionManager};
 
 use super::markers::{self, Behind};
-use super::{ABORTED_TRANSACTION, MIGRATE_LOCK};
+use super::{MIGRATE_LOCK, is_aborted_transaction};
 use super::{catalog, ddl};
 use crate::backend::prepared::Prepared;
 use crate::backend::sealed::{self, Marker, MarkerAge, PruneBounds};
@@ -300,6 +300,6 @@ fn is_aborted(error: &Error) -> bool {
     matches!(
         error,
         Error::DatabaseError(DatabaseErrorKind::Unknown, info)
-            if info.message().starts_with(ABORTED_TRANSACTION)
+            if is_aborted_transaction(info.message())
     )
 }
