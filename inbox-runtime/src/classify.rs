@@ -595,6 +595,11 @@ mod tests {
             "prepared statement \"s76\" already exists",
             "bind message supplies 2 parameters, but prepared statement \"s52\" requires 0",
             "transaction blocks not allowed in statement pooling mode",
+            // A server speaking another language.
+            "vorbereitete Anweisung »s17« existiert nicht",
+            "l'instruction préparée « s76 » existe déjà",
+            "バインドメッセージは2パラメータを提供しましたが、準備された文\"s52\"では0必要でした",
+            "绑定消息提供 2 个参数，但预备语句 \"s52\" 需要 0 个",
         ] {
             assert_eq!(
                 classify_message(said),

@@ -54,11 +54,16 @@ pub(crate) fn is_transient(message: &str) -> bool {
         || message.ends_with(": No space left on device")
         || is_aborted_transaction(message)
         || is_lock_timeout(message)
-        || TRANSLATED_TRANSIENT.iter().any(|(before, after)| {
-            message.len() >= before.len() + after.len()
-                && message.starts_with(before)
-                && message.trim_end().ends_with(after)
-        })
+        || is_one_of(message, TRANSLATED_TRANSIENT)
+}
+
+/// Whether `message` is one of `texts`, each the text before and after what it names.
+fn is_one_of(message: &str, texts: &[(&str, &str)]) -> bool {
+    texts.iter().any(|(before, after)| {
+        message.len() >= before.len() + after.len()
+            && message.starts_with(before)
+            && message.trim_end().ends_with(after)
+    })
 }
 
 /// 25P02, in the server's language: a statement in a transaction that an earlier error
@@ -263,7 +268,49 @@ pub(crate) fn is_shared_statements(message: &str) -> bool {
         || (message.starts_with("bind message supplies ")
             && message.contains(" parameters, but prepared statement \""))
         || message == "transaction blocks not allowed in statement pooling mode"
+        || is_one_of(message, TRANSLATED_SHARED_STATEMENTS)
 }
+
+/// [`is_shared_statements`]' server messages in each language [`TRANSLATED_TRANSIENT`]
+/// lists, each as the text before its first value and after its last.
+#[rustfmt::skip]
+const TRANSLATED_SHARED_STATEMENTS: &[(&str, &str)] = &[
+    ("vorbereitete Anweisung »", "« existiert nicht"), // de
+    ("vorbereitete Anweisung »", "« existiert bereits"), // de
+    ("Binden-Nachricht enthält ", ""), // de
+    ("no existe la sentencia preparada «", "»"), // es
+    ("la sentencia preparada «", "» ya existe"), // es
+    ("el mensaje de «bind» entrega ", ""), // es
+    ("l'instruction préparée « ", " » n'existe pas"), // fr
+    ("l'instruction préparée « ", " » existe déjà"), // fr
+    ("le message bind fournit ", ""), // fr
+    ("l'istruzione preparata \"", "\" non esiste"), // it
+    ("l'istruzione preparata \"", "\" esiste già"), // it
+    ("il messaggio di bind fornisce ", ""), // it
+    ("準備された文\"", "\"は存在しません"), // ja
+    ("準備された文\"", "\"はすでに存在します"), // ja
+    ("バインドメッセージは", "必要でした"), // ja
+    ("მომზადებული ოპერატორი \"", "\" არ არსებობს"), // ka
+    ("მომზადებული ოპერატორი \"", "\" უკვე არსებობს"), // ka
+    ("\"", "\" 이름의 준비된 명령문(prepared statement) 없음"), // ko
+    ("\"", "\" 이름의 준비된 명령문(prepared statement)이 이미 있습니다"), // ko
+    ("바인드 메시지는 ", " 개의 매개 변수가 필요합니다"), // ko
+    ("подготовленный оператор \"", "\" не существует"), // ru
+    ("подготовленный оператор \"", "\" уже существует"), // ru
+    ("в сообщении Bind передано неверное число параметров (", ")"), // ru
+    ("preparerad sats \"", "\" finns inte"), // sv
+    ("preparerad sats \"", "\" finns redan"), // sv
+    ("bind-meddelande ger ", ""), // sv
+    ("підготовлений оператор \"", "\" не існує"), // uk
+    ("підготовлений оператор \"", "\" вже існує"), // uk
+    ("в повідомленні bind передано ", ""), // uk
+    ("预备语句 \"", "\" 不存在"), // zh_CN
+    ("预备语句 \"", "\" 已存在"), // zh_CN
+    ("绑定消息提供 ", " 个"), // zh_CN
+    ("預備敘述 \"", "\" 不存在"), // zh_TW
+    ("預備敘述 \"", "\" 已存在"), // zh_TW
+    ("繫結訊息提供 ", ""), // zh_TW
+];
 
 /// 25006, a write in a read-only transaction: a standby, a primary being demoted, or
 /// `default_transaction_read_only` set during a failover. Another connection, or this
