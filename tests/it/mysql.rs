@@ -103,6 +103,7 @@ outbox_scenarios!(
         "SET character_set_connection = utf16",
         // Every read of the relay's has a `LIMIT` of its own.
         "SET sql_select_limit = 0",
+        "SET sql_safe_updates = 1",
     ],
 );
 batch_scenarios!(create, swallowed = "ROLLBACK");
@@ -1286,16 +1287,20 @@ async fn every_sql_mode_is_served() {
     db.cleanup().await;
 }
 
-/// Every path works in a session whose `SELECT`s return at most `sql_select_limit` rows
-/// (a client's safety net, as database tools set it). At 0 each of the crate's reads
-/// found no row: `migrate` failed, and a message read first was dead-lettered
-/// (`NotFound`).
+/// Every path works in a session whose `SELECT`s return at most `sql_select_limit` rows,
+/// or with `sql_safe_updates` (clients' safety nets, as database tools set them). At a
+/// limit of 0 each of the crate's reads found no row: `migrate` failed, and a message
+/// read first was dead-lettered (`NotFound`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_select_limit_is_served() {
+async fn every_client_safety_net_is_served() {
     let Some(db) = create("select_limits").await else {
         return;
     };
-    let limits = [0, 1].map(|limit| format!("SET SESSION sql_select_limit = {limit}"));
+    let limits = [
+        "SET SESSION sql_select_limit = 0".to_owned(),
+        "SET SESSION sql_select_limit = 1".to_owned(),
+        "SET SESSION sql_safe_updates = 1".to_owned(),
+    ];
     bounded(every_path_is_served(&db, &limits)).await;
     db.cleanup().await;
 }
