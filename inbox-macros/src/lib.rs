@@ -193,8 +193,8 @@ use quote::ToTokens;
 ///     // without `begin`, with `mode` the claim's settings:
 ///     // `{ let lease: Duration = …; ClaimPolicy::new(Some(lease), Some(max), takeover) }`.
 ///     let mut steps = match diesel_inbox::__private::begin_transaction(
-///         diesel_inbox::__private::ConnectionParameter::borrow(&mut *connection),
 ///         begin,
+///         diesel_inbox::__private::ConnectionParameter::borrow(&mut *connection),
 ///         &HANDLER,
 ///         message_id,
 ///         mode,

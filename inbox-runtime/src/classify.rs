@@ -14,8 +14,9 @@ pub enum ErrorClass {
     InboxDuplicate,
     /// A conflict that a retry on the same connection can resolve: a serialization
     /// failure (MariaDB's snapshot conflict among them), a deadlock, a lock or statement
-    /// timeout, `SQLITE_BUSY`, an interrupted statement. Nothing was committed:
-    /// redeliver the message.
+    /// timeout, `SQLITE_BUSY`, an interrupted statement. Or a server out of room, a full
+    /// disk, table or memory, which a later retry gets past once there is room again.
+    /// Nothing was committed: redeliver the message.
     Transient,
     /// The connection cannot be used again, or could not be had: it was lost, left
     /// inside a transaction (by a cancelled handler, or a rollback that failed), reaches
@@ -422,8 +423,8 @@ mod tests {
 
     #[cfg(feature = "postgres")]
     #[test]
-    fn only_english_postgresql_messages_are_recognised() {
-        for english in [
+    fn known_postgresql_languages_are_recognised() {
+        for known in [
             "",
             "C",
             "C.UTF-8",
@@ -431,11 +432,15 @@ mod tests {
             "POSIX",
             "en_US.UTF-8",
             "en_GB",
+            "de_DE.UTF-8",
+            "fr_FR",
+            "ja_JP.UTF-8",
+            "zh_TW.UTF-8",
         ] {
-            assert!(postgres::speaks_english(english), "{english}");
+            assert!(postgres::speaks_a_known_language(known), "{known}");
         }
-        for other in ["de_DE.UTF-8", "fr_FR", "ja_JP.UTF-8", "Catalan"] {
-            assert!(!postgres::speaks_english(other), "{other}");
+        for other in ["pl_PL.UTF-8", "pt_BR", "Catalan", "German_Germany.1252"] {
+            assert!(!postgres::speaks_a_known_language(other), "{other}");
         }
     }
 

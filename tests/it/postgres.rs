@@ -200,6 +200,93 @@ async fn localized_server_messages_are_recognised() {
     }
 }
 
+/// Each of PostgreSQL's translations of what a retry gets past, as the server itself
+/// words it: a statement time-out, a lock time-out, a deadlock, and a statement in a
+/// transaction that an error aborted are transient in every language it speaks (where a
+/// translation lacks a text, the server writes it in English). `.ci/run` generates the
+/// locales.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_translation_is_recognised() {
+    let Some(db) = create("every_translation").await else {
+        return;
+    };
+    bounded(async {
+        let languages = [
+            "de_DE", "es_ES", "fr_FR", "it_IT", "ja_JP", "ka_GE", "ko_KR", "ru_RU", "sv_SE",
+            "uk_UA", "zh_CN", "zh_TW",
+        ];
+        for language in languages {
+            let speaking = format!("SET lc_messages = '{language}.UTF-8'");
+            let mut conn = common::connect_with(&db, &speaking).await;
+            let mut other = common::connect_with(&db, &speaking).await;
+            let mut errors = Vec::new();
+
+            let timed_out = conn
+                .batch_execute("SET statement_timeout = '1ms'; SELECT pg_sleep(1)")
+                .await
+                .expect_err("a statement time-out");
+            errors.push(timed_out);
+            conn.batch_execute("SET statement_timeout = 0")
+                .await
+                .unwrap();
+
+            conn.batch_execute("BEGIN").await.unwrap();
+            conn.batch_execute("SELECT 1 / 0")
+                .await
+                .expect_err("division by zero");
+            let aborted = conn
+                .batch_execute("SELECT 1")
+                .await
+                .expect_err("the transaction is aborted");
+            errors.push(aborted);
+            conn.batch_execute("ROLLBACK").await.unwrap();
+
+            other
+                .batch_execute("SELECT pg_advisory_lock(1)")
+                .await
+                .unwrap();
+            let lock_wait = conn
+                .batch_execute("SET lock_timeout = '10ms'; SELECT pg_advisory_lock(1)")
+                .await
+                .expect_err("a lock time-out");
+            errors.push(lock_wait);
+            conn.batch_execute("SET lock_timeout = 0").await.unwrap();
+
+            // Each waits for the lock the other holds; the first to look finds the
+            // deadlock, and each lets go of its locks once its wait ends.
+            conn.batch_execute("SELECT pg_advisory_lock(2)")
+                .await
+                .unwrap();
+            let release = "SELECT pg_advisory_unlock_all()";
+            let (first, second) = tokio::join!(
+                async {
+                    let waited = conn
+                        .batch_execute("SET deadlock_timeout = '10ms'; SELECT pg_advisory_lock(1)")
+                        .await;
+                    conn.batch_execute(release).await.unwrap();
+                    waited
+                },
+                async {
+                    let waited = other.batch_execute("SELECT pg_advisory_lock(2)").await;
+                    other.batch_execute(release).await.unwrap();
+                    waited
+                },
+            );
+            errors.push(first.and(second).expect_err("a deadlock"));
+
+            for error in errors {
+                assert_eq!(
+                    classify(&error),
+                    ErrorClass::Transient,
+                    "{language}: {error}"
+                );
+            }
+        }
+    })
+    .await;
+    db.cleanup().await;
+}
+
 /// A full disk refuses the marker ("could not extend file …: No space left on device",
 /// 53100): the message is retried in every way a handler's code carries the error,
 /// never dead-lettered, and once there is room again it applies once. The inbox moves to

@@ -45,6 +45,17 @@ macro_rules! inbox_seen {
     };
 }
 
+/// Whether `message` is one of `texts`, each a server's text as the words before and
+/// after what it names (a table, a statement), `""` after where it names nothing.
+pub(crate) fn is_one_of(message: &str, texts: &[(&str, &str)]) -> bool {
+    let message = message.trim_end();
+    texts.iter().any(|(before, after)| {
+        message.len() >= before.len() + after.len()
+            && message.starts_with(before)
+            && message.ends_with(after)
+    })
+}
+
 pub(crate) mod claim_statements;
 pub(crate) mod mysql;
 pub(crate) mod outbox_statements;

@@ -14,6 +14,8 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
+use super::is_one_of;
+
 #[cfg(feature = "mysql")]
 #[macro_use]
 mod session;
@@ -176,7 +178,6 @@ pub(crate) fn lacks_key_digest(message: &str) -> bool {
     message.contains("'key_digest'")
 }
 
-/// 1020, a row that another transaction changed after this one's snapshot read it:
 /// 1114, a table that is full: InnoDB's answer when the disk is (a MEMORY table's at its
 /// `max_heap_table_size`). No message is at fault, and dead-lettered, every message in
 /// flight while the disk was full would be lost to the dead letters. Each translation,
@@ -207,6 +208,7 @@ const TABLE_FULL_MESSAGES: &[(&str, &str)] = &[
     ("Таблиця '", "' заповнена"),
 ];
 
+/// 1020, a row that another transaction changed after this one's snapshot read it:
 /// MariaDB's `innodb_snapshot_isolation`, on by default from 11.6, refuses the write or
 /// locking read at REPEATABLE READ and rolls the transaction back. A retry reads the row
 /// afresh. Each translation, as the text before and after the table's name.
@@ -310,21 +312,13 @@ pub(crate) fn is_transient(message: &str) -> bool {
     RETRYABLE_SERVER_MESSAGES
         .iter()
         .any(|text| message.starts_with(text))
-        || names_a_table(message, RECORD_CHANGED_MESSAGES)
-        || names_a_table(message, TABLE_FULL_MESSAGES)
-        // 3, a file the server could not write, for want of room (errno 28).
+        || is_one_of(message, RECORD_CHANGED_MESSAGES)
+        || is_one_of(message, TABLE_FULL_MESSAGES)
+        // 3, a file the server could not write for want of room (errno 28), as MariaDB
+        // and as MySQL word the error number.
         || message.contains("28 \"No space left on device\")")
+        || message.contains("28 - No space left on device)")
         || is_lost_diesel_savepoint(message)
-}
-
-/// Whether `message` is one of `texts`, each the text before and after a table's name.
-fn names_a_table(message: &str, texts: &[(&str, &str)]) -> bool {
-    let message = message.trim_end();
-    texts.iter().any(|(before, after)| {
-        message.len() >= before.len() + after.len()
-            && message.starts_with(before)
-            && message.ends_with(after)
-    })
 }
 
 /// The driver's texts for a connection that is gone, and a Galera node's for having left

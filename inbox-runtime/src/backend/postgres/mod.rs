@@ -14,6 +14,8 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
+use super::is_one_of;
+
 /// A unique violation names the violated index in its constraint field.
 pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
     info.constraint_name() == Some(INDEX_NAME)
@@ -35,8 +37,9 @@ const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 /// `statement_timeout`, `pg_cancel_backend` or a conflict with recovery: a marker insert
 /// waiting for another delivery is cut short this way), and 25P02, a transaction
 /// aborted by an earlier error that the handler did not propagate. Also the server out
-/// of room: 53100, a disk full ("could not extend file …: No space left on device"), and
-/// 53200, out of memory. No message is at fault there, and dead-lettered, every message
+/// of room: 53100, a disk full ("could not extend file …: No space left on device", the
+/// operating system's words, which are English unless its C library's translations are
+/// installed), and 53200, out of memory or of shared memory. No message is at fault there, and dead-lettered, every message
 /// in flight while the disk was full would be lost to the dead letters.
 pub(crate) fn is_transient(message: &str) -> bool {
     [
@@ -48,6 +51,7 @@ pub(crate) fn is_transient(message: &str) -> bool {
         "could not serialize access",
         ABORTED_TRANSACTION,
         "out of memory",
+        "out of shared memory",
     ]
     .iter()
     .any(|prefix| message.starts_with(prefix))
@@ -55,15 +59,6 @@ pub(crate) fn is_transient(message: &str) -> bool {
         || is_aborted_transaction(message)
         || is_lock_timeout(message)
         || is_one_of(message, TRANSLATED_TRANSIENT)
-}
-
-/// Whether `message` is one of `texts`, each the text before and after what it names.
-fn is_one_of(message: &str, texts: &[(&str, &str)]) -> bool {
-    texts.iter().any(|(before, after)| {
-        message.len() >= before.len() + after.len()
-            && message.starts_with(before)
-            && message.trim_end().ends_with(after)
-    })
 }
 
 /// 25P02, in the server's language: a statement in a transaction that an earlier error
@@ -134,6 +129,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("konnte Zugriff nicht serialisieren wegen Lese-/Schreib-Abhängigkeiten zwischen Transaktionen", ""), // de
     ("konnte Zugriff nicht serialisieren wegen gleichzeitigem Löschen", ""), // de
     ("Speicher aufgebraucht", ""), // de
+    ("Shared Memory aufgebraucht", ""), // de
     ("se ha detectado un deadlock", ""), // es
     ("no se pudo bloquear un candado en la fila de la relación «", "»"), // es
     ("no se pudo bloquear un candado en la relación «", "»"), // es
@@ -144,6 +140,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("no se pudo serializar el acceso debido a dependencias read/write entre transacciones", ""), // es
     ("no se pudo serializar el acceso debido a un delete concurrente", ""), // es
     ("memoria agotada", ""), // es
+    ("memoria compartida agotada", ""), // es
     ("interblocage (deadlock) détecté", ""), // fr
     ("n'a pas pu obtenir un verrou sur la relation « ", " »"), // fr
     ("annulation de la requête à cause du délai écoulé pour l'exécution de l'instruction", ""), // fr
@@ -153,6 +150,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("n'a pas pu sérialiser un accès à cause des dépendances de lecture/écriture\nparmi les transactions", ""), // fr
     ("n'a pas pu sérialiser un accès à cause d'une suppression en parallèle", ""), // fr
     ("mémoire épuisée", ""), // fr
+    ("mémoire partagée épuisée", ""), // fr
     ("rilevato deadlock", ""), // it
     ("lock di riga nella relazione \"", "\" fallito"), // it
     ("lock della relazione \"", "\" fallito"), // it
@@ -163,6 +161,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("serializzazione dell'accesso fallita a causa di dipendenze di lettura/scrittura tra le transazioni", ""), // it
     ("impossibile serializzare l'accesso a causa dell'eliminazione simultanea", ""), // it
     ("memoria esaurita", ""), // it
+    ("memoria condivisa esaurita", ""), // it
     ("デッドロックを検出しました", ""), // ja
     ("リレーション\"", "\"の行ロックを取得できませんでした"), // ja
     ("リレーション\"", "\"のロックを取得できませんでした"), // ja
@@ -173,6 +172,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("トランザクション間で read/write の依存性があったため、アクセスの直列化ができませんでした", ""), // ja
     ("削除が同時に行われたためアクセスの直列化ができませんでした", ""), // ja
     ("メモリ不足です", ""), // ja
+    ("共有メモリが足りません", ""), // ja
     ("ნაპოვნია ურთიერთბლოკირება", ""), // ka
     ("ურთიერთობაში \"", "\" მწკრივის დაბლოკვის შეცდომა"), // ka
     ("ბლოკის მიღების შეცდომა ურთიერთობაზე ", "\""), // ka
@@ -180,6 +180,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("ერთდროული განახლების გამო წვდომის სერიალიზაცია შეუძლებელია", ""), // ka
     ("ერთდროული წაშლის გამო წვდომის სერიალიზაცია შეუძლებელია", ""), // ka
     ("არასაკმარისი მეხსიერება", ""), // ka
+    ("არასაკმარისი გაზიარებული მეხსიერება", ""), // ka
     ("deadlock 발생했음", ""), // ko
     ("\"", "\" 릴레이션의 잠금 정보를 구할 수 없음"), // ko
     ("명령실행시간 초과로 작업을 취소합니다.", ""), // ko
@@ -189,6 +190,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("트랜잭션간 읽기/쓰기 의존성 때문에 serialize 접근을 할 수 없음", ""), // ko
     ("동시 삭제 작업 때문에 순차적 액세스가 불가능합니다", ""), // ko
     ("메모리 부족", ""), // ko
+    ("공유 메모리 부족", ""), // ko
     ("обнаружена взаимоблокировка", ""), // ru
     ("не удалось получить блокировку строки в таблице \"", "\""), // ru
     ("не удалось получить блокировку таблицы \"", "\""), // ru
@@ -199,6 +201,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("не удалось сериализовать доступ из-за зависимостей чтения/записи между транзакциями", ""), // ru
     ("не удалось сериализовать доступ из-за параллельного удаления", ""), // ru
     ("нехватка памяти", ""), // ru
+    ("нехватка разделяемой памяти", ""), // ru
     ("deadlock upptäckt", ""), // sv
     ("kunde inte låsa rad i relationen \"", "\""), // sv
     ("kunde inte ta lås på relationen \"", "\""), // sv
@@ -209,6 +212,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("kunde inte serialisera åtkomst på grund av läs/skriv-beroenden bland transaktionerna", ""), // sv
     ("kunde inte serialisera åtkomst på grund av samtidig borttagning", ""), // sv
     ("slut på minne", ""), // sv
+    ("slut på delat minne", ""), // sv
     ("виявлено взаємне блокування", ""), // uk
     ("не вдалося отримати блокування у рядку стосовно \"", "\""), // uk
     ("не вдалося отримати блокування зв'язку \"", "\""), // uk
@@ -219,6 +223,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("не вдалося серіалізувати доступ через залежність читання/запису серед транзакцій", ""), // uk
     ("не вдалося серіалізувати доступ через паралельне видалення", ""), // uk
     ("недостатньо пам'яті", ""), // uk
+    ("нестача спільної пам'яті", ""), // uk
     ("检测到死锁", ""), // zh_CN
     ("无法获取关系 \"", "\" 中行的锁"), // zh_CN
     ("无法获取关系 \"", "\" 上的锁"), // zh_CN
@@ -229,6 +234,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("由于事务间的读写依赖，无法串行化访问", ""), // zh_CN
     ("由于并发删除，无法串行化访问", ""), // zh_CN
     ("内存不足", ""), // zh_CN
+    ("共享内存不足", ""), // zh_CN
     ("發現死結", ""), // zh_TW
     ("無法取得關聯 \"", "\" 中的資料列鎖定"), // zh_TW
     ("無法取得關聯 \"", "\" 的鎖定"), // zh_TW
@@ -239,6 +245,7 @@ const TRANSLATED_TRANSIENT: &[(&str, &str)] = &[
     ("由於交易間的讀寫相依，無法序列化存取", ""), // zh_TW
     ("由於並行刪除，無法序列化存取", ""), // zh_TW
     ("記憶體不足", ""), // zh_TW
+    ("共享記憶體用盡", ""), // zh_TW
 ];
 
 /// A statement that names the key's digest, on an inbox that this version's `migrate` has
@@ -319,17 +326,31 @@ pub(crate) fn is_read_only(message: &str) -> bool {
     message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction")
 }
 
-/// Whether the server words its errors as the recognisers above expect: `lc_messages`
-/// in English, or the untranslated `C`/`POSIX` (the empty setting follows the server's
-/// environment, which is beyond reach, and is taken as it is).
+/// The language codes of PostgreSQL 15's translations, whose texts the recognisers
+/// above know ([`TRANSLATED_TRANSIENT`] and the lists beside it).
 #[cfg(feature = "postgres")]
-pub(crate) fn speaks_english(lc_messages: &str) -> bool {
+const TRANSLATED_LANGUAGES: &[&str] = &[
+    "de", "es", "fr", "it", "ja", "ka", "ko", "ru", "sv", "uk", "zh",
+];
+
+/// Whether the server words its errors as the recognisers above expect: `lc_messages`
+/// in English, untranslated (`C`/`POSIX`), or in one of [`TRANSLATED_LANGUAGES`] (the
+/// empty setting follows the server's environment, which is beyond reach, and is taken
+/// as it is).
+#[cfg(feature = "postgres")]
+pub(crate) fn speaks_a_known_language(lc_messages: &str) -> bool {
     let language = lc_messages.to_ascii_lowercase();
+    let is_language = |code: &str| {
+        language
+            .strip_prefix(code)
+            .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_alphabetic()))
+    };
     language.is_empty()
-        || language.starts_with("en")
         || language.starts_with("c.")
         || language == "c"
         || language == "posix"
+        || is_language("en")
+        || TRANSLATED_LANGUAGES.iter().any(|code| is_language(code))
 }
 
 /// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).

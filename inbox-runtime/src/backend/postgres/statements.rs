@@ -227,7 +227,7 @@ impl sealed::Sealed for diesel::pg::Pg {
             ddl::with_short_lock_waits(conn, Some(MIGRATE_LOCK), &migration()).await?;
         }
         super::upgrade::migrate_key_digest(conn).await?;
-        warn_unless_english(conn).await
+        warn_unless_known_language(conn).await
     }
 }
 
@@ -253,9 +253,10 @@ fn migration() -> String {
 }
 
 /// Deadlocks, lock and statement time-outs reach the crate as their text alone, and
-/// are recognised in English: in another language they would be dead-lettered. Said
-/// once, at start-up, where `migrate` runs, with what to change.
-async fn warn_unless_english<C>(conn: &mut C) -> QueryResult<()>
+/// are recognised in English and in PostgreSQL 15's translations: in another language
+/// they would be dead-lettered. Said once, at start-up, where `migrate` runs, with what
+/// to change.
+async fn warn_unless_known_language<C>(conn: &mut C) -> QueryResult<()>
 where
     C: AsyncConnection<Backend = diesel::pg::Pg>,
 {
@@ -268,15 +269,17 @@ where
         diesel::sql_query("SELECT current_setting('lc_messages') AS lc_messages")
             .get_result(conn)
             .await?;
-    if !super::speaks_english(&lc_messages) {
+    if !super::speaks_a_known_language(&lc_messages) {
         tracing::warn!(
             target: "diesel_inbox",
             lc_messages,
-            "PostgreSQL words its errors in another language than English here, so \
-             diesel-inbox cannot tell a deadlock or a lock time-out from a permanent \
+            "PostgreSQL words its errors here in a language whose texts diesel-inbox does \
+             not know, so it cannot tell a deadlock or a lock time-out from a permanent \
              failure, and would dead-letter messages a retry would process: set \
-             `lc_messages = 'C'` for the consumers' connections (in postgresql.conf, \
-             or `ALTER ROLE … SET lc_messages = 'C'` as a superuser)"
+             `lc_messages` to `C`, English or one of PostgreSQL's translations (German, \
+             Spanish, French, Italian, Japanese, Georgian, Korean, Russian, Swedish, \
+             Ukrainian, Chinese) for the consumers' connections (in postgresql.conf, or \
+             `ALTER ROLE … SET lc_messages = 'C'` as a superuser)"
         );
     }
     Ok(())
