@@ -488,9 +488,10 @@ where
     })
     .await;
 
+    // Long enough for the first connection on a loaded machine, where 200 ms was not.
     let bb8 = diesel_async::pooled_connection::bb8::Pool::builder()
         .max_size(1)
-        .connection_timeout(Duration::from_millis(200))
+        .connection_timeout(Duration::from_secs(2))
         .build(AsyncDieselConnectionManager::<C>::new(url))
         .await
         .expect("a pool");
