@@ -11,6 +11,12 @@ before comparing two expansions. Run from anywhere in the workspace:
     python3 scripts/compile-cost.py            # 50 handlers, 3 rounds
     python3 scripts/compile-cost.py --handlers 200 --rounds 11
     python3 scripts/compile-cost.py --form batch      # or --form claim
+    python3 scripts/compile-cost.py --instructions    # also rustc's instruction counts
+
+With --instructions it also counts the instructions rustc executes for each crate's
+`cargo check` and debug build, under valgrind's callgrind (all of rustc's threads): a
+figure that stays the same from run to run whatever else the machine does, to compare
+two expansions by where timings move too much. It takes a few minutes more.
 
 The crates live in a temporary directory (kept with --keep), with a target directory
 of their own so that nothing of the workspace's builds is touched.
@@ -157,12 +163,67 @@ def median_seconds(command, root, target, rounds):
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
+# Runs rustc under callgrind for the crate being built (cargo's
+# RUSTC_WORKSPACE_WRAPPER), its counts in OUT_DIR/<crate>.out.
+CALLGRIND_WRAPPER = """\
+#!/bin/sh
+rustc=$1
+shift
+name=unknown
+previous=
+for argument in "$@"; do
+    [ "$previous" = "--crate-name" ] && name=$argument
+    previous=$argument
+done
+exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file="{out_dir}/$name.out" \\
+    "$rustc" "$@" 2>"{out_dir}/$name.log"
+"""
+
+
+def instructions(command, root, target):
+    """rustc's instructions for `cargo <command> -p <crate>`, for each crate."""
+    out_dir = root / "callgrind"
+    out_dir.mkdir(exist_ok=True)
+    wrapper = out_dir / "rustc-under-callgrind"
+    wrapper.write_text(CALLGRIND_WRAPPER.format(out_dir=out_dir))
+    wrapper.chmod(0o755)
+    counts = {}
+    for name in CRATES:
+        crate = root / name
+        (crate / "src" / "lib.rs").touch()
+        environment = dict(
+            os.environ,
+            CARGO_TARGET_DIR=str(target),
+            CARGO_INCREMENTAL="0",
+            RUSTC_WORKSPACE_WRAPPER=str(wrapper),
+        )
+        subprocess.run(
+            ["cargo", command, "-p", name, "--lib"],
+            cwd=crate,
+            env=environment,
+            check=True,
+            capture_output=True,
+        )
+        summary = next(
+            line
+            for line in (out_dir / f"{name}.out").read_text().splitlines()
+            if line.startswith("summary:")
+        )
+        counts[name] = int(summary.split()[1])
+    return counts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handlers", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--form", choices=sorted(FORMS), default="transaction")
     parser.add_argument("--keep", action="store_true", help="keep the generated crates")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count rustc's instructions under callgrind (valgrind)",
+    )
     options = parser.parse_args()
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="inbox-compile-cost-"))
@@ -210,6 +271,16 @@ def main():
         f"{'ratio':8}{inbox[0] / plain[0]:9.2f}{inbox[1] / plain[1]:9.2f}"
         f"{inbox[2] / plain[2]:9.2f}"
     )
+    if options.instructions:
+        print("rustc's instructions (callgrind, all threads), millions")
+        for command in ("check", "build"):
+            counts = instructions(command, root, target)
+            plain, inbox = counts["plain"], counts["inbox"]
+            print(
+                f"{command:8}plain {plain / 1e6:,.0f}  inbox {inbox / 1e6:,.0f}  "
+                f"ratio {inbox / plain:.2f}  per handler "
+                f"{(inbox - plain) / options.handlers / 1e6:.1f} more"
+            )
     if options.keep:
         print(f"crates kept in {root}")
     else:
