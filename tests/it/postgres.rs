@@ -197,6 +197,39 @@ async fn localized_server_messages_are_recognised() {
         );
         assert_eq!(classify(&error), ErrorClass::Transient, "{language}");
         db.cleanup().await;
+
+        // A failover: a read-only session, and the server ending the session.
+        let Some(db) = create(&format!("localized_failover_{}", language.to_lowercase())).await
+        else {
+            return;
+        };
+        let read_only = format!("{speaking}; SET default_transaction_read_only = on");
+        bounded(common::verdicts::read_only_session_is_retried(
+            db.clone(),
+            &read_only,
+        ))
+        .await;
+        let mut conn = common::connect_with(&db, &speaking).await;
+        let pid = select_i64(&mut conn, "CAST(pg_backend_pid() AS bigint)")
+            .await
+            .unwrap();
+        // Ended while a statement runs, the session gets the server's own words.
+        let mut admin = db.connect().await;
+        let (lost, ended) = tokio::join!(conn.batch_execute("SELECT pg_sleep(30)"), async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            admin
+                .batch_execute(&format!("SELECT pg_terminate_backend({pid})"))
+                .await
+        });
+        ended.unwrap();
+        let lost = lost.expect_err("the session is gone");
+        assert_eq!(
+            classify(&lost),
+            ErrorClass::ConnectionUnusable,
+            "{language}: {lost}"
+        );
+        common::verdicts::assert_retried_in_every_shape(&lost).await;
+        db.cleanup().await;
     }
 }
 

@@ -323,7 +323,8 @@ const TRANSLATED_SHARED_STATEMENTS: &[(&str, &str)] = &[
 /// `default_transaction_read_only` set during a failover. Another connection, or this
 /// one later, can take it.
 pub(crate) fn is_read_only(message: &str) -> bool {
-    message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction")
+    (message.starts_with("cannot execute ") && message.ends_with(" in a read-only transaction"))
+        || is_one_of(message, TRANSLATED_READ_ONLY)
 }
 
 /// The language codes of PostgreSQL 15's translations, whose texts the recognisers
@@ -356,7 +357,136 @@ pub(crate) fn speaks_a_known_language(lc_messages: &str) -> bool {
 /// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).
 pub(crate) fn is_connection_lost(message: &str) -> bool {
     message.starts_with("terminating connection")
+        || TRANSLATED_CONNECTION_LOST
+            .iter()
+            .any(|text| message.starts_with(text))
 }
+
+/// [`is_connection_lost`]'s messages in each language [`TRANSLATED_TRANSIENT`] lists.
+#[rustfmt::skip]
+const TRANSLATED_CONNECTION_LOST: &[&str] = &[
+    "Verbindung wird abgebrochen wegen Absturz eines anderen Serverprozesses", // de
+    "Verbindung wird abgebrochen wegen unerwartetem SIGQUIT-Signal", // de
+    "Verbindung wird abgebrochen, weil Protokollsynchronisierung verloren wurde", // de
+    "Verbindung wird abgebrochen aufgrund von Anweisung des Administrators", // de
+    "Verbindung wird abgebrochen wegen Konflikt mit der Wiederherstellung", // de
+    "Verbindung wird abgebrochen wegen Zeitüberschreitung in inaktiver Transaktion", // de
+    "Verbindung wird abgebrochen wegen Zeitüberschreitung in inaktiver Sitzung", // de
+    "Verbindung wird abgebrochen aufgrund von Befehl für sofortiges Herunterfahren", // de
+    "Verbindung wird abgebrochen wegen unerwartetem Ende des Postmasters", // de
+    "terminando la conexión debido a una falla en otro proceso servidor", // es
+    "terminando la conexión debido a una señal SIGQUIT inesperada", // es
+    "terminando la conexión por pérdida de sincronía del protocolo", // es
+    "terminando la conexión debido a una orden del administrador", // es
+    "terminando la conexión debido a un conflicto con la recuperación", // es
+    "terminando la conexión debido a que se agotó el tiempo de espera para transacciones abiertas inactivas", // es
+    "terminando la conexión debido a que se agotó el tiempo de espera para sesiones abiertas inactivas", // es
+    "terminando la conexión debido a una orden de apagado inmediato", // es
+    "terminando la conexión debido al término inesperado de postmaster", // es
+    "arrêt de la connexion à cause de l'arrêt brutal d'un autre processus serveur", // fr
+    "arrêt des connexions suite à un signal SIGQUIT inattendu", // fr
+    "arrêt de la connexion à cause d'une perte de synchronisation du protocole", // fr
+    "arrêt des connexions suite à la demande de l'administrateur", // fr
+    "arrêt de la connexion à cause d'un conflit avec la restauration", // fr
+    "arrêt des connexions suite à l'expiration du délai d'inactivité en transaction", // fr
+    "arrêt des connexions suite à l'expiration du délai d'inactivité de la session", // fr
+    "arrêt des connexions suite à la commande d'arrêt immédiat", // fr
+    "arrêt des connexions suite à un arrêt inattendu du postmaster", // fr
+    "la connessione è stata terminata a causa del crash di un altro processo del server", // it
+    "terminazione della connessione a causa di un segnale SIGQUIT imprevisto", // it
+    "la connessione verrà terminata perché la sincronizzazione del protocollo è stata persa", // it
+    "interruzione della connessione su comando dell'amministratore", // it
+    "interruzione della connessione a causa di conflitto con il ripristino", // it
+    "la connessione è stata terminata a causa di timeout di inattività durante una transazione", // it
+    "terminazione della connessione a causa del timeout della sessione inattiva", // it
+    "terminazione della connessione a causa di un comando di spegnimento immediato", // it
+    "la connessione è stata terminata a causa di un'uscita inattesa di postmaster", // it
+    "他のサーバープロセスがクラッシュしたため接続を終了します", // ja
+    "予期しないSIGQUITシグナルによりコネクションを終了します", // ja
+    "プロトコルの同期が失われたためコネクションを終了します", // ja
+    "管理者コマンドにより接続を終了しています", // ja
+    "リカバリで競合が発生したため、接続を終了しています", // ja
+    "トランザクション中アイドルタイムアウトのため接続を終了します", // ja
+    "アイドルセッションタイムアウトにより接続を終了します", // ja
+    "即時シャットダウンコマンドによりコネクションを終了します", // ja
+    "予期しないpostmasterの終了のため、コネクションを終了します", // ja
+    "მიერთება შეწყდება, რადგან პროტოკოლის სინქრონიზაცია დაიკარგა", // ka
+    "მიერთების შეწყვეტა ადმინისტრატორის ბრძანების გამო", // ka
+    "მიერთების შეწყვეტა აღდგენასთან კონფლიქტის გამო", // ka
+    "მიერთების შეწყვეტა დაუყოვნებლივი გამორთვის ბრძანების გამო", // ka
+    "მიერთების შეწყვეტა postmaster-ის მოულოდნელი გასვლის გამო", // ka
+    "다른 서버 프로세스가 손상을 입어 현재 연결을 중지합니다", // ko
+    "예상치 못한 SIGQUIT 신호로 연결을 끝냅니다", // ko
+    "프로토콜 동기화 작업 실패로 연결을 종료합니다", // ko
+    "관리자 요청에 의해서 연결을 끝냅니다", // ko
+    "복구 작업 중 충돌로 연결을 끝냅니다", // ko
+    "idle-in-transaction 시간 초과로 연결을 끝냅니다", // ko
+    "idle-session 시간 초과로 연결을 끝냅니다", // ko
+    "immediate 종료 명령으로 연결을 끝냅니다", // ko
+    "postmaster의 예상치 못한 종료로 연결을 종료합니다", // ko
+    "закрытие подключения из-за краха другого серверного процесса", // ru
+    "закрытие подключения из-за неожиданного сигнала SIGQUIT", // ru
+    "закрытие подключения из-за потери синхронизации протокола", // ru
+    "закрытие подключения по команде администратора", // ru
+    "закрытие подключения из-за конфликта с процессом восстановления", // ru
+    "закрытие подключения из-за тайм-аута простоя в транзакции", // ru
+    "закрытие подключения из-за тайм-аута простоя сеанса", // ru
+    "закрытие подключения вследствие получения команды для немедленного отключения", // ru
+    "закрытие подключения из-за неожиданного завершения главного процесса", // ru
+    "avbryter anslutning på grund av en krash i en annan serverprocess", // sv
+    "stänger anslutning på grund av oväntad SIGQUIT-signal", // sv
+    "stänger anslutning då protokollsynkroniseringen tappades", // sv
+    "avslutar anslutning på grund av ett administratörskommando", // sv
+    "avslutar anslutning på grund av konflikt med återställning", // sv
+    "terminerar anslutning på grund av idle-in-transaction-timeout", // sv
+    "stänger anslutning på grund av idle-session-timeout", // sv
+    "stänger anslutning på grund av kommando för omedelbar nedstängning", // sv
+    "avslutar anslutning på grund av att postmaster stängde oväntat ner", // sv
+    "завершення підключення через аварійне завершення роботи іншого серверного процесу", // uk
+    "завершення підключення через неочікуваний сигнал SIGQUIT", // uk
+    "завершення підключення через втрату синхронізації протоколу", // uk
+    "завершення підключення по команді адміністратора", // uk
+    "завершення підключення через конфлікт з процесом відновлення", // uk
+    "завершення підключення через тайм-аут бездіяльності в транзакції", // uk
+    "завершення підключення через тайм-аут неактивного сеансу", // uk
+    "завершення підключення через команду негайного завершення роботи", // uk
+    "завершення підключення через неочікуване закриття головного процесу", // uk
+    "由于其他服务器进程崩溃，正在终止连接", // zh_CN
+    "由于收到意外的 SIGQUIT 信号，正在终止连接", // zh_CN
+    "由于协议同步丢失，正在终止连接", // zh_CN
+    "由于管理员命令，正在终止连接", // zh_CN
+    "由于与恢复操作冲突，正在终止连接", // zh_CN
+    "由于事务内空闲超时，正在终止连接", // zh_CN
+    "由于空闲会话超时，正在终止连接", // zh_CN
+    "由于立即关闭命令，正在终止连接", // zh_CN
+    "由于意外的 postmaster 退出而终止连接", // zh_CN
+    "正在結束連線，因為另一個伺服器行程崩潰", // zh_TW
+    "由於收到非預期的 SIGQUIT 訊號，正在終止連線", // zh_TW
+    "由於協定同步遺失，正在終止連線", // zh_TW
+    "因管理員命令，正在中斷連線", // zh_TW
+    "因與復原衝突，正在中斷連線", // zh_TW
+    "由於交易中閒置逾時，正在終止連線", // zh_TW
+    "由於閒置工作階段逾時，正在終止連線", // zh_TW
+    "由於立即停止命令，正在終止連線", // zh_TW
+    "因 postmaster 意外結束而終止連線", // zh_TW
+];
+
+/// [`is_read_only`]'s message in each language [`TRANSLATED_TRANSIENT`] lists, as the
+/// text before and after the statement's name.
+#[rustfmt::skip]
+const TRANSLATED_READ_ONLY: &[(&str, &str)] = &[
+    ("", " kann nicht in einer Read-Only-Transaktion ausgeführt werden"), // de
+    ("no se puede ejecutar ", " en una transacción de sólo lectura"), // es
+    ("ne peut pas exécuter ", " dans une transaction en lecture seule"), // fr
+    ("non è possibile eseguire ", " in una transazione a sola lettura"), // it
+    ("リードオンリーのトランザクションでは ", " を実行できません"), // ja
+    ("읽기 전용 트랜잭션에서는 ", " 명령을 실행할 수 없습니다."), // ko
+    ("в транзакции в режиме \"только чтение\" нельзя выполнить ", ""), // ru
+    ("kan inte köra ", " i read-only-transaktion"), // sv
+    ("не можна виконати ", " в транзакції \"лише для читання\""), // uk
+    ("不能在只读事务中执行 ", ""), // zh_CN
+    ("唯讀交易中不能執行 ", ""), // zh_TW
+];
 
 #[cfg(feature = "postgres")]
 mod catalog;
