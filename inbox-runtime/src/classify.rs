@@ -2,7 +2,9 @@
 
 use diesel::result::{DatabaseErrorKind, Error};
 
-use crate::backend::{UNSUPPORTED_SESSION, lacks_inbox_column, mysql, postgres, sqlite};
+use crate::backend::{
+    UNSUPPORTED_SESSION, lacks_inbox_column, mysql, postgres, sqlite, starts_with_any,
+};
 use crate::error::InboxError;
 
 /// What an error means for the message that was being handled.
@@ -160,15 +162,10 @@ fn classify_clause(text: &str) -> Option<ErrorClass> {
     if let Some(class) = classify_message(text) {
         return Some(class);
     }
-    if CONNECTION_UNUSABLE
-        .iter()
-        .any(|opening| text.starts_with(opening))
-        || crate::error::leaves_connection_unusable(text)
+    if starts_with_any(text, CONNECTION_UNUSABLE) || crate::error::leaves_connection_unusable(text)
     {
         Some(ErrorClass::ConnectionUnusable)
-    } else if TRANSIENT.iter().any(|opening| text.starts_with(opening))
-        || crate::error::is_transient(text)
-    {
+    } else if starts_with_any(text, TRANSIENT) || crate::error::is_transient(text) {
         Some(ErrorClass::Transient)
     } else {
         None

@@ -45,6 +45,11 @@ macro_rules! inbox_seen {
     };
 }
 
+/// Whether `message` opens with one of `openings`.
+pub(crate) fn starts_with_any(message: &str, openings: &[&str]) -> bool {
+    openings.iter().any(|opening| message.starts_with(opening))
+}
+
 /// Whether `message` is one of `texts`, each a server's text as the words before and
 /// after what it names (a table, a statement), `""` after where it names nothing.
 pub(crate) fn is_one_of(message: &str, texts: &[(&str, &str)]) -> bool {

@@ -14,7 +14,7 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
-use super::is_one_of;
+use super::{is_one_of, starts_with_any};
 
 #[cfg(feature = "mysql")]
 #[macro_use]
@@ -119,9 +119,7 @@ const OPTION_PREVENTS_STATEMENT_OPENINGS: &[&str] = &[
 /// server is read-only for now (a replica, or a primary during failover): another
 /// connection, or this one later, can take it.
 pub(crate) fn is_read_only(message: &str) -> bool {
-    READ_ONLY_TRANSACTION_MESSAGES
-        .iter()
-        .any(|text| message.starts_with(text))
+    starts_with_any(message, READ_ONLY_TRANSACTION_MESSAGES)
         || OPTION_PREVENTS_STATEMENT_OPENINGS.iter().any(|opening| {
             message.strip_prefix(opening).is_some_and(|option| {
                 option.trim_start().starts_with("--read-only")
@@ -309,9 +307,7 @@ const RECORD_CHANGED_MESSAGES: &[(&str, &str)] = &[
 /// language, a table or disk that is full, and a transaction rolled back under a nested
 /// savepoint.
 pub(crate) fn is_transient(message: &str) -> bool {
-    RETRYABLE_SERVER_MESSAGES
-        .iter()
-        .any(|text| message.starts_with(text))
+    starts_with_any(message, RETRYABLE_SERVER_MESSAGES)
         || is_one_of(message, RECORD_CHANGED_MESSAGES)
         || is_one_of(message, TABLE_FULL_MESSAGES)
         // 3, a file the server could not write for want of room (errno 28), as MariaDB

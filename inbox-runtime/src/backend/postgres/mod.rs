@@ -14,7 +14,7 @@ use diesel::result::DatabaseErrorInformation;
 
 use crate::schema::INDEX_NAME;
 
-use super::is_one_of;
+use super::{is_one_of, starts_with_any};
 
 /// A unique violation names the violated index in its constraint field.
 pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
@@ -26,10 +26,6 @@ pub(crate) fn names_inbox_index(info: &dyn DatabaseErrorInformation) -> bool {
 #[cfg(feature = "postgres")]
 const MIGRATE_LOCK: i64 = 0x696e_626f_786d_6967;
 
-/// How the message of 25P02 begins: a statement in a transaction that an earlier error
-/// aborted.
-const ABORTED_TRANSACTION: &str = "current transaction is aborted";
-
 /// diesel-async reports these SQLSTATEs as `Unknown`, with only the message text to go by,
 /// in the server's `lc_messages` language (the English texts here, the others in
 /// [`TRANSLATED_TRANSIENT`] and the lists beside it): 40P01
@@ -39,22 +35,21 @@ const ABORTED_TRANSACTION: &str = "current transaction is aborted";
 /// aborted by an earlier error that the handler did not propagate. Also the server out
 /// of room: 53100, a disk full ("could not extend file …: No space left on device", the
 /// operating system's words, which are English unless its C library's translations are
-/// installed), and 53200, out of memory or of shared memory. No message is at fault there, and dead-lettered, every message
-/// in flight while the disk was full would be lost to the dead letters.
+/// installed), and 53200, out of memory or of shared memory. No message is at fault
+/// there, and dead-lettered, every message in flight while the disk was full would be
+/// lost to the dead letters.
 pub(crate) fn is_transient(message: &str) -> bool {
-    [
+    let english = [
         "deadlock detected",
         "could not obtain lock",
         "canceling statement due to",
         // 40001, which diesel-async reports as `SerializationFailure`; its text is all a
         // wrapper that hides the kind leaves.
         "could not serialize access",
-        ABORTED_TRANSACTION,
         "out of memory",
         "out of shared memory",
-    ]
-    .iter()
-    .any(|prefix| message.starts_with(prefix))
+    ];
+    starts_with_any(message, &english)
         || message.ends_with(": No space left on device")
         || is_aborted_transaction(message)
         || is_lock_timeout(message)
@@ -64,23 +59,19 @@ pub(crate) fn is_transient(message: &str) -> bool {
 /// 25P02, in the server's language: a statement in a transaction that an earlier error
 /// aborted.
 pub(crate) fn is_aborted_transaction(message: &str) -> bool {
-    message.starts_with(ABORTED_TRANSACTION)
-        || TRANSLATED_ABORTED
-            .iter()
-            .any(|text| message.starts_with(text))
+    starts_with_any(message, ABORTED_TRANSACTION)
 }
 
 /// 57014 for a lock time-out (`lock_timeout`), in the server's language.
 pub(crate) fn is_lock_timeout(message: &str) -> bool {
-    message.starts_with("canceling statement due to lock timeout")
-        || TRANSLATED_LOCK_TIMEOUT
-            .iter()
-            .any(|text| message.starts_with(text))
+    starts_with_any(message, LOCK_TIMEOUT)
 }
 
-/// [`ABORTED_TRANSACTION`] in each language [`TRANSLATED_TRANSIENT`] lists.
+/// How 25P02's message opens, in English and in each language [`TRANSLATED_TRANSIENT`]
+/// lists.
 #[rustfmt::skip]
-const TRANSLATED_ABORTED: &[&str] = &[
+const ABORTED_TRANSACTION: &[&str] = &[
+    "current transaction is aborted", // en
     "aktuelle Transaktion wurde abgebrochen, Befehle werden bis zum Ende der Transaktion ignoriert", // de
     "transacción abortada, las órdenes serán ignoradas hasta el fin de bloque de transacción", // es
     "la transaction est annulée, les commandes sont ignorées jusqu'à la fin du bloc\nde la transaction", // fr
@@ -94,9 +85,11 @@ const TRANSLATED_ABORTED: &[&str] = &[
     "目前交易已中止，忽略指令直到交易區塊結尾", // zh_TW
 ];
 
-/// 57014 for a lock time-out, in each language [`TRANSLATED_TRANSIENT`] lists.
+/// 57014 for a lock time-out, in English and in each language [`TRANSLATED_TRANSIENT`]
+/// lists.
 #[rustfmt::skip]
-const TRANSLATED_LOCK_TIMEOUT: &[&str] = &[
+const LOCK_TIMEOUT: &[&str] = &[
+    "canceling statement due to lock timeout", // en
     "storniere Anfrage wegen Zeitüberschreitung einer Sperre", // de
     "cancelando la sentencia debido a que se agotó el tiempo de espera de candados (locks)", // es
     "annulation de la requête à cause du délai écoulé pour l'obtention des verrous", // fr
@@ -356,15 +349,14 @@ pub(crate) fn speaks_a_known_language(lc_messages: &str) -> bool {
 
 /// 57P01 and its kin: the server ended the session (`pg_terminate_backend`, a shutdown).
 pub(crate) fn is_connection_lost(message: &str) -> bool {
-    message.starts_with("terminating connection")
-        || TRANSLATED_CONNECTION_LOST
-            .iter()
-            .any(|text| message.starts_with(text))
+    starts_with_any(message, CONNECTION_LOST)
 }
 
-/// [`is_connection_lost`]'s messages in each language [`TRANSLATED_TRANSIENT`] lists.
+/// How [`is_connection_lost`]'s messages open, in English and in each language
+/// [`TRANSLATED_TRANSIENT`] lists.
 #[rustfmt::skip]
-const TRANSLATED_CONNECTION_LOST: &[&str] = &[
+const CONNECTION_LOST: &[&str] = &[
+    "terminating connection", // en
     "Verbindung wird abgebrochen wegen Absturz eines anderen Serverprozesses", // de
     "Verbindung wird abgebrochen wegen unerwartetem SIGQUIT-Signal", // de
     "Verbindung wird abgebrochen, weil Protokollsynchronisierung verloren wurde", // de
